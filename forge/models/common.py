@@ -1,0 +1,52 @@
+"""Spec-building pieces shared by the architecture modules."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from forge.models.metadata import ArchMetadata
+from forge.models.spec import LayerSpec
+
+
+def base_fields(m: ArchMetadata) -> dict[str, Any]:
+    """Fields every supported architecture reads the same way."""
+    n_embd = m.int("embedding_length")
+    n_head = m.int("attention.head_count")
+    head_dim = m.int("attention.key_length", n_embd // n_head)
+    return {
+        "arch": m.arch,
+        "name": m.name(),
+        "n_vocab": m.n_vocab(),
+        "n_embd": n_embd,
+        "n_layer": m.int("block_count"),
+        "n_head": n_head,
+        "n_head_kv": m.int("attention.head_count_kv", n_head),
+        "head_dim": head_dim,
+        "head_dim_v": m.int("attention.value_length", head_dim),
+        "n_ff": m.int("feed_forward_length"),
+        "n_ctx_train": m.int("context_length"),
+        "rms_eps": m.float("attention.layer_norm_rms_epsilon"),
+        "rope_dim": m.int("rope.dimension_count", head_dim),
+        "attn_scale": 1.0 / math.sqrt(head_dim),
+        "tied_output": "output.weight" not in m.gguf.tensors,
+    }
+
+
+def uniform_layers(m: ArchMetadata, n_layer: int, default_base: float = 10000.0) -> tuple:
+    """Every layer global, with the file's RoPE base and linear scaling."""
+    layer = LayerSpec(rope_base=m.float("rope.freq_base", default_base), rope_scale=rope_scale(m))
+    return (layer,) * n_layer
+
+
+def rope_scale(m: ArchMetadata) -> float:
+    """Linear RoPE scaling factor (1.0 when the file asks for none)."""
+    kind = m.md.get(f"{m.arch}.rope.scaling.type")
+    factor = m.optional_float("rope.scaling.factor")
+    if kind in (None, "none") or not factor:
+        return 1.0
+    if kind != "linear":
+        from forge.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{m.gguf.path}: RoPE scaling {kind!r} is not supported")
+    return factor

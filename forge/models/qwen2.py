@@ -1,0 +1,12 @@
+"""Qwen2: biases on the Q/K/V projections and NeoX-style RoPE."""
+
+from forge.models.common import base_fields, uniform_layers
+from forge.models.metadata import ArchMetadata
+from forge.models.spec import ModelSpec
+
+
+def build_spec(m: ArchMetadata) -> ModelSpec:
+    fields = base_fields(m)
+    return ModelSpec(
+        **fields, layers=uniform_layers(m, fields["n_layer"]), rope_neox=True, qkv_bias=True
+    )

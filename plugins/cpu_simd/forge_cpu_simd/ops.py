@@ -1,0 +1,90 @@
+"""NumPy implementations of the non-matmul ops of the transformer forward pass.
+
+Activations are float32 arrays shaped [tokens, ...]; every function returns a new array or
+writes into `out` where that saves a temporary on the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    ms = np.einsum("...i,...i->...", x, x, dtype=np.float32) / np.float32(x.shape[-1])
+    return x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None] * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    inner = np.float32(_GELU_C) * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (1.0 + np.tanh(inner))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def rope_tables(positions: np.ndarray, rope_dim: int, base: float, scale: float):
+    """cos and sin of the rotation angles, each [tokens, rope_dim/2] float32."""
+    inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    angles = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
+    """Rotate the leading 2*cos.shape[1] dims of each head of x [tokens, heads, head_dim] in place.
+
+    NeoX pairs dim i with i + d/2; the original (GPT-J/Llama) layout pairs 2i with 2i+1."""
+    half = cos.shape[1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half : 2 * half].copy()
+        x[..., :half] = a * c - b * s
+        x[..., half : 2 * half] = a * s + b * c
+    else:
+        a, b = x[..., 0 : 2 * half : 2].copy(), x[..., 1 : 2 * half : 2].copy()
+        x[..., 0 : 2 * half : 2] = a * c - b * s
+        x[..., 1 : 2 * half : 2] = a * s + b * c
+    return x
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    q_pos: np.ndarray,
+    scale: float,
+    window: int | None,
+) -> np.ndarray:
+    """Causal (optionally sliding-window) grouped-query attention for one sequence.
+
+    q [n, H, D] at positions q_pos; k [T, Hkv, D] and v [T, Hkv, Dv] hold positions 0..T-1.
+    Returns [n, H, Dv]. A query at position p sees keys t with t <= p and p - t < window.
+    """
+    n, n_head, d = q.shape
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    lo = 0 if window is None else max(0, int(q_pos.min()) - window + 1)
+    hi = int(q_pos.max()) + 1
+    k, v = k[lo:hi], v[lo:hi]
+    t_pos = np.arange(lo, hi)
+    # [Hkv, group*n, D]: the queries that share one KV head form one matrix product.
+    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
+    scores = np.matmul(qg, k.transpose(1, 2, 0)) * np.float32(scale)  # [Hkv, group*n, T]
+    allowed = t_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= (q_pos[:, None] - t_pos[None, :]) < window
+    scores = scores.reshape(n_kv, group, n, -1)
+    scores[:, :, ~allowed] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = np.matmul(scores.reshape(n_kv, group * n, -1), v.transpose(1, 0, 2))
+    return out.reshape(n_kv, group, n, -1).transpose(2, 0, 1, 3).reshape(n, n_head, -1)
