@@ -1,0 +1,115 @@
+"""The cpu_simd plugin: registers the NumPy backend through forge's hooks like any plugin."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import forge
+from forge.backend import Backend, Runner
+from forge.devices import BackendProbe, DeviceInfo
+from forge.errors import ForgeRuntimeError
+from forge.gguf.types import SUPPORTED_TYPES
+
+FORGE_HOOK_API = forge.HOOK_API_VERSION
+
+OPS = frozenset({"embed", "matmul", "rms_norm", "rope", "attention", "softmax", "silu", "gelu"})
+
+# Best first: the first level NumPy reports decides the arch suffix ("x86_64-avx512").
+_SIMD_LEVELS = (
+    ("AVX512F", "avx512"), ("AVX2", "avx2"), ("AVX", "avx"), ("SSE42", "sse4.2"),
+    ("SSE2", "sse2"), ("SVE", "sve"), ("ASIMD", "neon"), ("NEON", "neon"), ("VSX", "vsx"),
+)  # fmt: skip
+
+
+def cpu_features() -> frozenset[str]:
+    """SIMD features NumPy detected on this CPU (names as NumPy spells them, e.g. "AVX2")."""
+    try:  # NumPy 2.x; np.show_runtime() reads the same table
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__
+    return frozenset(name for name, on in __cpu_features__.items() if on)
+
+
+def simd_arch(features: frozenset[str], machine: str | None = None) -> str:
+    """``<machine>-<best SIMD level>``, e.g. "x86_64-avx2"; just the machine if none is known."""
+    machine = machine or platform.machine() or "unknown"
+    for feature, level in _SIMD_LEVELS:
+        if feature in features:
+            return f"{machine}-{level}"
+    return machine
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _meminfo() -> tuple[int, int]:
+    """(total, available) bytes of system memory, (0, 0) where /proc/meminfo is missing."""
+    values: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return values.get("MemTotal", 0), values.get("MemAvailable", values.get("MemFree", 0))
+
+
+class CpuSimdBackend(Backend):
+    """NumPy on the host CPU: always available, the correctness baseline and the fallback."""
+
+    name = "cpu_simd"
+    description = "NumPy on the CPU (BLAS matmuls, vectorized dequantization)"
+
+    def probe(self) -> BackendProbe:
+        features = cpu_features()
+        total, free = _meminfo()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        device = DeviceInfo(
+            name=_cpu_name(),
+            platform="cpu",
+            arch=simd_arch(features),
+            memory_total=total,
+            memory_free=free,
+            compute_units=cores or 1,
+            flags=features,
+            ops=OPS,
+            weight_types=frozenset(SUPPORTED_TYPES),
+        )
+        return BackendProbe(available=True, devices=(device,), score=10)
+
+    def open_runner(self, spec: Any, gguf: Any, kernels: Any, *, device: int = 0,
+                    progress: Any = None) -> Runner:  # fmt: skip
+        from forge_cpu_simd.runner import CpuRunner
+
+        if device != 0:
+            raise ForgeRuntimeError(f"cpu_simd has one device (0), not {device}")
+        return CpuRunner(spec, gguf, kernels, progress=progress)
+
+    def memory_needed(self, spec: Any, gguf: Any, n_ctx: int) -> dict[str, int]:
+        from forge_cpu_simd.runner import weight_bytes
+
+        return {"weights": weight_bytes(spec, gguf), "kv_cache": n_ctx * spec.kv_bytes_per_token()}
+
+
+@forge.hookimpl
+def forge_register_backends(register) -> None:  # noqa: ANN001
+    register(CpuSimdBackend)
+
+
+@forge.hookimpl
+def forge_register_kernels(register) -> None:  # noqa: ANN001
+    from forge_cpu_simd.matmul import DenseMatmul
+
+    dense = DenseMatmul()
+    for weight_type in SUPPORTED_TYPES:
+        register("cpu_simd", "matmul", weight_type, dense)
