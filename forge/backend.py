@@ -9,6 +9,7 @@ and sampling stays in the core; the runner only computes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -59,7 +60,7 @@ class Runner(ABC):
         rows = self.forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch])
         return [int(np.argmax(r[-1])) for r in rows if r is not None]
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free device memory. Safe to call twice."""
 
     def memory_estimate(self) -> dict[str, int]:
@@ -80,9 +81,17 @@ class Backend(ABC):
 
     @abstractmethod
     def open_runner(
-        self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *, device: int = 0
+        self,
+        spec: ModelSpec,
+        gguf: GGUFFile,
+        kernels: KernelTable,
+        *,
+        device: int = 0,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Runner:
         """Place the model's weights on device `device` and return a runner for it.
+
+        `progress(done, total)`, when given, is called as weights are placed.
 
         Raises `OutOfMemoryError` (after freeing what it took) when the weights do not fit.
         """

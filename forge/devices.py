@@ -15,9 +15,15 @@ class DeviceInfo:
     memory_total: int = 0  # bytes of memory the device owns (system RAM for the CPU)
     memory_free: int = 0  # bytes free at probe time
     compute_units: int = 0  # CPU cores, GPU multiprocessors / compute units
-    flags: frozenset[str] = field(default_factory=frozenset)  # "graphs", "f16", "bf16", "int8_dot", SIMD features
-    ops: frozenset[str] = field(default_factory=frozenset)  # op names it executes ("matmul", "rms_norm", ...)
-    weight_types: frozenset[str] = field(default_factory=frozenset)  # GGML type names ("Q4_K", "F16", ...)
+    flags: frozenset[str] = field(
+        default_factory=frozenset
+    )  # "graphs", "f16", "bf16", "int8_dot", SIMD features
+    ops: frozenset[str] = field(
+        default_factory=frozenset
+    )  # op names it executes ("matmul", "rms_norm", ...)
+    weight_types: frozenset[str] = field(
+        default_factory=frozenset
+    )  # GGML type names ("Q4_K", "F16", ...)
     index: int = 0  # index among the backend's devices
 
     def supports(self, op: str, weight_type: str | None = None) -> bool:

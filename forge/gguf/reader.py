@@ -106,7 +106,9 @@ class GGUFFile:
         try:
             vt = GGUFValueType(vtype)
         except ValueError:
-            raise GGUFFormatError(f"{self.path}: key {key!r} has unknown value type {vtype}") from None
+            raise GGUFFormatError(
+                f"{self.path}: key {key!r} has unknown value type {vtype}"
+            ) from None
         if vt == GGUFValueType.STRING:
             return self._string(f"string value of {key!r}")
         if vt == GGUFValueType.ARRAY:
@@ -128,7 +130,9 @@ class GGUFFile:
             return [self._string(f"element of {key!r}") for _ in range(count)]
         if sub == GGUFValueType.ARRAY:
             if count > (self.size - self._pos) // 12:
-                raise GGUFFormatError(f"{self.path}: key {key!r}: nested array count {count} too large")
+                raise GGUFFormatError(
+                    f"{self.path}: key {key!r}: nested array count {count} too large"
+                )
             return [
                 self._array(self._unpack("<I", key), self._unpack("<Q", key), key)
                 for _ in range(count)
@@ -136,7 +140,9 @@ class GGUFFile:
         try:
             dtype = np.dtype(_SCALARS[GGUFValueType(sub)])
         except (ValueError, KeyError):
-            raise GGUFFormatError(f"{self.path}: key {key!r}: unknown array element type {sub}") from None
+            raise GGUFFormatError(
+                f"{self.path}: key {key!r}: unknown array element type {sub}"
+            ) from None
         if count > (self.size - self._pos) // dtype.itemsize:
             raise GGUFFormatError(
                 f"{self.path}: key {key!r}: array of {count} elements runs past the end of the file"
@@ -154,7 +160,9 @@ class GGUFFile:
         self._pos = 4
         version = self._unpack("<I", "version")
         if version not in (2, 3):
-            raise GGUFFormatError(f"{self.path}: unsupported GGUF version {version} (expected 2 or 3)")
+            raise GGUFFormatError(
+                f"{self.path}: unsupported GGUF version {version} (expected 2 or 3)"
+            )
         self.version = version
         n_tensors = self._unpack("<Q", "tensor count")
         n_kv = self._unpack("<Q", "metadata count")
@@ -170,7 +178,9 @@ class GGUFFile:
         infos = [self._tensor_info(i, validate_types) for i in range(n_tensors)]
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFFormatError(f"{self.path}: general.alignment {alignment!r} is not a power of 2")
+            raise GGUFFormatError(
+                f"{self.path}: general.alignment {alignment!r} is not a power of 2"
+            )
         self.alignment = alignment
         self.data_offset = -(-self._pos // alignment) * alignment
         for name, ttype, shape, rel in infos:
@@ -180,9 +190,14 @@ class GGUFFile:
         name = self._string(f"name of tensor #{i}")
         n_dims = self._unpack("<I", f"dimension count of tensor {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise GGUFFormatError(f"{self.path}: tensor {name!r} has {n_dims} dimensions (1..4 allowed)")
-        shape = tuple(self._unpack(f"<{n_dims}Q", f"shape of tensor {name!r}") if n_dims > 1
-                      else (self._unpack("<Q", f"shape of tensor {name!r}"),))
+            raise GGUFFormatError(
+                f"{self.path}: tensor {name!r} has {n_dims} dimensions (1..4 allowed)"
+            )
+        shape = tuple(
+            self._unpack(f"<{n_dims}Q", f"shape of tensor {name!r}")
+            if n_dims > 1
+            else (self._unpack("<Q", f"shape of tensor {name!r}"),)
+        )
         type_id = self._unpack("<I", f"type of tensor {name!r}")
         rel = self._unpack("<Q", f"offset of tensor {name!r}")
         ttype = type_name(type_id)
@@ -194,7 +209,9 @@ class GGUFFile:
                 f"support (supported: {', '.join(SUPPORTED_TYPES)})"
             )
         if name in self.tensors or any(d == 0 for d in shape):
-            raise GGUFFormatError(f"{self.path}: tensor {name!r} is duplicated or has a zero dimension")
+            raise GGUFFormatError(
+                f"{self.path}: tensor {name!r} is duplicated or has a zero dimension"
+            )
         return name, ttype, shape, rel
 
     def _add_tensor(self, name: str, ttype: str, shape: tuple[int, ...], rel: int) -> None:

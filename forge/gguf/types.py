@@ -24,6 +24,6 @@ def block_geometry(name: str) -> tuple[int, int]:
 
 
 def tensor_nbytes(name: str, n_elements: int) -> int:
-    """Bytes a tensor of `n_elements` of type `name` occupies (n_elements must fill whole blocks)."""
+    """Bytes a tensor of `n_elements` of type `name` occupies (whole blocks only)."""
     block, size = block_geometry(name)
     return n_elements // block * size

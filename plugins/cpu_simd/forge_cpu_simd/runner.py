@@ -35,12 +35,19 @@ class _Linear:
 
 
 class CpuRunner(Runner):
-    def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable):
+    def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None):
         self.spec, self.gguf, self.kernels = spec, gguf, kernels
-        self.layers = [self._load_layer(i) for i in range(spec.n_layer)]
+        total = spec.n_layer + 1
+        self.layers = []
+        for i in range(spec.n_layer):
+            self.layers.append(self._load_layer(i))
+            if progress:
+                progress(i + 1, total)
         self.output_norm = self._vector("output_norm.weight")
         out_name = "token_embd.weight" if spec.tied_output else "output.weight"
         self.output = self._linear([out_name])
+        if progress:
+            progress(total, total)
         self.embd_info = gguf.tensors["token_embd.weight"]
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
@@ -208,6 +215,13 @@ class _Stacked:
         if self.bias is None:
             return ys
         return np.split(np.concatenate(ys, axis=-1) + self.bias, self.sizes, axis=-1)
+
+
+def weight_bytes(spec: ModelSpec, gguf: GGUFFile) -> int:
+    """Bytes the prepared (float32) weights take. An untied token_embd.weight is not counted:
+    embedding rows are dequantized from the mapped file as they are looked up."""
+    names = [n for n in spec.weight_names() if spec.tied_output or n != "token_embd.weight"]
+    return sum(gguf.tensors[n].n_elements * 4 for n in names)
 
 
 def _nbytes(obj) -> int:

