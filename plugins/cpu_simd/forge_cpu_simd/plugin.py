@@ -19,9 +19,16 @@ OPS = frozenset({"embed", "matmul", "rms_norm", "rope", "attention", "softmax", 
 
 # Best first: the first level NumPy reports decides the arch suffix ("x86_64-avx512").
 _SIMD_LEVELS = (
-    ("AVX512F", "avx512"), ("AVX2", "avx2"), ("AVX", "avx"), ("SSE42", "sse4.2"),
-    ("SSE2", "sse2"), ("SVE", "sve"), ("ASIMD", "neon"), ("NEON", "neon"), ("VSX", "vsx"),
-)  # fmt: skip
+    ("AVX512F", "avx512"),
+    ("AVX2", "avx2"),
+    ("AVX", "avx"),
+    ("SSE42", "sse4.2"),
+    ("SSE2", "sse2"),
+    ("SVE", "sve"),
+    ("ASIMD", "neon"),
+    ("NEON", "neon"),
+    ("VSX", "vsx"),
+)
 
 
 def cpu_features() -> frozenset[str]:
@@ -87,8 +94,9 @@ class CpuSimdBackend(Backend):
         )
         return BackendProbe(available=True, devices=(device,), score=10)
 
-    def open_runner(self, spec: Any, gguf: Any, kernels: Any, *, device: int = 0,
-                    progress: Any = None) -> Runner:  # fmt: skip
+    def open_runner(
+        self, spec: Any, gguf: Any, kernels: Any, *, device: int = 0, progress: Any = None
+    ) -> Runner:
         from forge_cpu_simd.runner import CpuRunner
 
         if device != 0:

@@ -99,10 +99,12 @@ class CpuRunner(Runner):
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
         s, slots = self.spec, n_blocks * block_size
         try:
-            self.k_cache = [np.zeros((slots, s.n_head_kv, s.head_dim), np.float32)
-                            for _ in range(s.n_layer)]  # fmt: skip
-            self.v_cache = [np.zeros((slots, s.n_head_kv, s.head_dim_v), np.float32)
-                            for _ in range(s.n_layer)]  # fmt: skip
+            self.k_cache = [
+                np.zeros((slots, s.n_head_kv, s.head_dim), np.float32) for _ in range(s.n_layer)
+            ]
+            self.v_cache = [
+                np.zeros((slots, s.n_head_kv, s.head_dim_v), np.float32) for _ in range(s.n_layer)
+            ]
         except MemoryError:
             from forge.errors import OutOfMemoryError
 
