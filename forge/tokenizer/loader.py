@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,9 @@ from forge.tokenizer.bpe import BPETokenizer, parse_merges
 from forge.tokenizer.pretokenize import PreTokenizer
 from forge.tokenizer.spm import SPMTokenizer
 
+log = logging.getLogger(__name__)
 _KEY = "tokenizer.ggml."
+_REQUIRED_IN_RANGE = ("bos_token_id", "eos_token_id")
 # texts of tokens that end a turn; llama.cpp adds them to the end-of-generation set by name
 EOG_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
@@ -122,6 +125,11 @@ def _special_ids(metadata, tokens, types, token_to_id, defaults) -> SpecialIds:
         if not 0 <= int(value) < n:
             if _KEY + key not in metadata:
                 return None  # a default that this small vocabulary does not have
+            if key not in _REQUIRED_IN_RANGE:
+                # real files carry bogus pad/unk ids at times; llama.cpp ignores them too
+                log.warning("ignoring tokenizer.ggml.%s = %s: out of range for %d tokens",
+                            key, value, n)  # fmt: skip
+                return None
             raise ModelError(f"tokenizer.ggml.{key} = {value} is out of range for a vocabulary "
                              f"of {n} tokens")  # fmt: skip
         return int(value)
