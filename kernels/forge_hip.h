@@ -1,0 +1,140 @@
+// forge_hip.h: the portability layer every kernel includes. It compiles under hipcc and hiprtc
+// (clang, AMD: wavefront 64 on CDNA/GCN, 32 on RDNA), under nvcc and NVRTC (NVIDIA: warp 32),
+// and as plain host C++ when FORGE_HOST is defined (the CPU test harness of the decoders).
+// No system headers: NVRTC has none, so fixed-width types are our own.
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#if defined(FORGE_HOST)
+#define FORGE_DEV inline
+#define FORGE_WARP 32
+#elif defined(__HIP__)
+#if !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>  // hipcc needs it; hiprtc provides these declarations itself
+#endif
+#define FORGE_AMD 1
+#define FORGE_DEV __device__ __forceinline__
+#define FORGE_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define FORGE_NV 1
+#define FORGE_DEV __device__ __forceinline__
+#define FORGE_WARP 32
+#endif
+
+#define FORGE_KERNEL extern "C" __global__
+
+// ---- half and bfloat16 (stored as raw 16-bit words) ----
+FORGE_DEV float bits_to_float(u32 b) {
+#if defined(FORGE_HOST)
+    union { u32 u; float f; } c; c.u = b; return c.f;
+#else
+    return __uint_as_float(b);
+#endif
+}
+
+FORGE_DEV u32 float_to_bits(float f) {
+#if defined(FORGE_HOST)
+    union { u32 u; float f; } c; c.f = f; return c.u;
+#else
+    return __float_as_uint(f);
+#endif
+}
+
+FORGE_DEV float h2f(u16 h) {
+#if defined(FORGE_AMD)
+    union { u16 u; __fp16 h; } c; c.u = h; return (float)c.h;
+#elif defined(FORGE_NV)
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#else
+    u32 s = (u32)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return bits_to_float(s | 0x7f800000u | (m << 13));
+    if (e == 0) {  // zero or subnormal: m * 2^-24
+        float v = (float)m * 5.9604644775390625e-8f;
+        return s ? -v : v;
+    }
+    return bits_to_float(s | ((e + 112) << 23) | (m << 13));
+#endif
+}
+
+FORGE_DEV u16 f2h(float f) {
+#if defined(FORGE_AMD)
+    union { u16 u; __fp16 h; } c; c.h = (__fp16)f; return c.u;
+#elif defined(FORGE_NV)
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
+    (void)f; return 0;  // the host harness only decodes
+#endif
+}
+
+FORGE_DEV float bf2f(u16 b) { return bits_to_float((u32)b << 16); }
+
+FORGE_DEV u16 f2bf(float f) {  // round to nearest even; NaN stays NaN
+    u32 u = float_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+FORGE_DEV u16 load_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+FORGE_DEV u32 load_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+#if !defined(FORGE_HOST)
+// ---- warp-level reductions ----
+FORGE_DEV float shfl_xor(float v, int mask) {
+#if defined(FORGE_AMD)
+    return __shfl_xor(v, mask, FORGE_WARP);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, mask, FORGE_WARP);
+#endif
+}
+
+FORGE_DEV int shfl_xor_int(int v, int mask) {
+#if defined(FORGE_AMD)
+    return __shfl_xor(v, mask, FORGE_WARP);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, mask, FORGE_WARP);
+#endif
+}
+
+FORGE_DEV float warp_sum(float v) {
+    for (int m = FORGE_WARP / 2; m > 0; m >>= 1) v += shfl_xor(v, m);
+    return v;
+}
+
+FORGE_DEV float warp_max(float v) {
+    for (int m = FORGE_WARP / 2; m > 0; m >>= 1) v = fmaxf(v, shfl_xor(v, m));
+    return v;
+}
+
+// Sum over the whole block; `scratch` holds one float per warp. Every thread gets the result.
+FORGE_DEV float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    int nwarps = (blockDim.x + FORGE_WARP - 1) / FORGE_WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+FORGE_DEV float block_max(float v, float* scratch) {
+    int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    int nwarps = (blockDim.x + FORGE_WARP - 1) / FORGE_WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -3.402823466e38f;
+    return warp_max(v);
+}
+#endif
