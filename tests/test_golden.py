@@ -1,0 +1,69 @@
+"""Every model path reproduces llama.cpp (../shared/golden, rules in its README) on cpu_simd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import forge
+from tests.golden_rules import (
+    BOUNDS,
+    check_default_model,
+    golden_path,
+    greedy_mismatches,
+    logit_errors,
+    weight_class,
+)
+
+GOLDEN = golden_path()
+MODELS = sorted(p.name for p in (GOLDEN / "models").glob("*.gguf")) if GOLDEN else []
+
+
+@pytest.mark.parametrize("model_file", MODELS or ["<golden data missing>"])
+def test_synthetic_model(model_file, golden_dir, synthetic_golden, report):
+    model = forge.load(str(golden_dir / "models" / model_file), backend="cpu_simd", n_ctx=256)
+    worst_max = worst_mean = 0.0
+    for case in synthetic_golden[model_file]["cases"]:
+        assert model.tokenize(case["prompt"]) == case["tokens"], case["prompt"]
+        n = len(case["tokens"])
+        logits = model.logits(case["tokens"] + case["greedy"])
+        assert logits.shape == (n + len(case["greedy"]), model.n_vocab)
+        mx, mean = logit_errors(logits[:n], case["logits"])
+        worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
+        assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
+    report.append(f"golden cpu_simd {model_file:22s} max {worst_max:.2e}  mean {worst_mean:.2e}")
+    bound_max, bound_mean = BOUNDS[weight_class(model_file)]
+    assert worst_max <= bound_max and worst_mean <= bound_mean, (worst_max, worst_mean)
+
+
+@pytest.fixture(scope="module")
+def default_model(default_model_path):
+    return forge.load(default_model_path, backend="cpu_simd", n_ctx=128)
+
+
+def test_default_model_golden(default_model, golden_dir, report):
+    import json
+
+    cases = json.loads((golden_dir / "gemma3-270m.json").read_text())["models"][0]["cases"]
+    for case in cases:
+        assert default_model.tokenize(case["prompt"]) == case["tokens"]
+        n = len(case["tokens"])
+        logits = default_model.logits(case["tokens"] + case["greedy"])
+        last = logits[n - 1]
+        assert not check_default_model(last, case), case["prompt"]
+        assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
+        diff = np.abs(last[case["last_top_ids"][:10]] - case["last_top_logits"][:10]).max()
+        report.append(
+            f"golden cpu_simd gemma3-270m {case['prompt'][:28]!r:32s} top10 dlogit {diff:.3f}"
+        )
+
+
+def test_default_model_generates_reference_start(default_model, golden_dir):
+    """Free-running greedy decode through the generation loop follows the reference text
+    (the first tokens, before any near tie can let the continuations drift apart)."""
+    import json
+
+    case = json.loads((golden_dir / "gemma3-270m.json").read_text())["models"][0]["cases"][0]
+    out = default_model.complete(case["prompt"], max_tokens=8, temperature=0)
+    assert out.tokens == case["greedy"][:8]
+    assert out.finish_reason == "length"
