@@ -7,7 +7,6 @@ exercised in tests (it needs no device), the rest mirrors the NVIDIA runtime cal
 from __future__ import annotations
 
 import ctypes
-
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,13 @@ import numpy as np
 from forge.errors import ForgeRuntimeError, OutOfMemoryError
 from forge_hip.rocm_libs import install_resolver
 from forge_hip.runtime.base import (
-    ArgPack, DeviceBuffer, DeviceProps, Kernel, Runtime, address, dims,
+    ArgPack,
+    DeviceBuffer,
+    DeviceProps,
+    Kernel,
+    Runtime,
+    address,
+    dims,
 )
 from forge_hip.runtime.cache import cached_compile
 
@@ -61,8 +66,9 @@ def compiler_version() -> str:
 def compile_source(source: str, name: str, arch: str, flags: Sequence[str] = ()) -> bytes:
     """Compile with hipRTC to a code object for `arch` ("gfx90a"). Needs no device."""
     rtc = _hiprtc()
-    prog = check(rtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, [], []),
-                 "hiprtcCreateProgram")
+    prog = check(
+        rtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, [], []), "hiprtcCreateProgram"
+    )
     try:
         opts = [f"--offload-arch={arch}".encode(), b"-O3"] + [f.encode() for f in flags]
         status = rtc.hiprtcCompileProgram(prog, len(opts), opts)[0]
@@ -71,8 +77,9 @@ def compile_source(source: str, name: str, arch: str, flags: Sequence[str] = ())
         if size:
             check(rtc.hiprtcGetProgramLog(prog, log), "hiprtcGetProgramLog")
         if int(status) != 0:
-            raise ForgeRuntimeError(f"hipRTC failed to compile {name} for {arch}:\n"
-                                    f"{log.decode(errors='replace')}")
+            raise ForgeRuntimeError(
+                f"hipRTC failed to compile {name} for {arch}:\n{log.decode(errors='replace')}"
+            )
         size = check(rtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
         code = bytearray(size)
         check(rtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
@@ -143,8 +150,10 @@ class HipRuntime(Runtime):
         if stream is None:
             check(self._hip.hipMemset(address(dst), byte & 0xFF, nbytes), "hipMemset")
         else:
-            check(self._hip.hipMemsetAsync(address(dst), byte & 0xFF, nbytes, stream),
-                  "hipMemsetAsync")
+            check(
+                self._hip.hipMemsetAsync(address(dst), byte & 0xFF, nbytes, stream),
+                "hipMemsetAsync",
+            )
 
     def stream(self):
         return check(self._hip.hipStreamCreate(), "hipStreamCreate")
@@ -167,8 +176,13 @@ class HipRuntime(Runtime):
 
     def compile(self, source: str, name: str, flags: Sequence[str] = ()) -> bytes:
         arch = self.props.arch
-        return cached_compile(source, arch, self.props.compiler, flags,
-                              lambda: compile_source(source, name, arch, flags))
+        return cached_compile(
+            source,
+            arch,
+            self.props.compiler,
+            flags,
+            lambda: compile_source(source, name, arch, flags),
+        )
 
     def load(self, binary: bytes):
         module = check(self._hip.hipModuleLoadData(binary), "hipModuleLoadData")
@@ -176,15 +190,20 @@ class HipRuntime(Runtime):
         return module
 
     def function(self, module, name: str, signature: str) -> Kernel:
-        fn = check(self._hip.hipModuleGetFunction(module, name.encode()),
-                   f"hipModuleGetFunction({name})")
+        fn = check(
+            self._hip.hipModuleGetFunction(module, name.encode()), f"hipModuleGetFunction({name})"
+        )
         return Kernel(fn, name, signature)
 
     def launch(self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None) -> None:
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
-        check(self._hip.hipModuleLaunchKernel(kernel.handle, *g, *b, shared, stream,
-                                              pack.address, None), f"launch {kernel.name}")
+        check(
+            self._hip.hipModuleLaunchKernel(
+                kernel.handle, *g, *b, shared, stream, pack.address, None
+            ),
+            f"launch {kernel.name}",
+        )
 
     def begin_capture(self, stream) -> None:
         mode = self._hip.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal
@@ -193,8 +212,7 @@ class HipRuntime(Runtime):
     def end_capture(self, stream):
         graph = check(self._hip.hipStreamEndCapture(stream), "hipStreamEndCapture")
         try:
-            return check(self._hip.hipGraphInstantiate(graph, None, None, 0),
-                         "hipGraphInstantiate")
+            return check(self._hip.hipGraphInstantiate(graph, None, None, 0), "hipGraphInstantiate")
         finally:
             self._hip.hipGraphDestroy(graph)
 

@@ -56,7 +56,9 @@ class ArgPack:
         try:
             self.values = [_ARG_TYPES[c](_as_scalar(a)) for c, a in zip(signature, args)]
         except KeyError as exc:
-            raise UsageError(f"unknown kernel argument type {exc.args[0]!r} in {signature!r}")
+            raise UsageError(
+                f"unknown kernel argument type {exc.args[0]!r} in {signature!r}"
+            ) from None
         self.pointers = (ctypes.c_void_p * max(1, len(args)))(
             *[ctypes.addressof(v) for v in self.values]
         )
@@ -116,8 +118,9 @@ class Runtime(ABC):
         """Copy device memory into a contiguous host array (synchronous when stream is None)."""
 
     @abstractmethod
-    def copy_device(self, dst: DeviceBuffer | int, src: DeviceBuffer | int, nbytes: int,
-                    stream: Any = None) -> None:
+    def copy_device(
+        self, dst: DeviceBuffer | int, src: DeviceBuffer | int, nbytes: int, stream: Any = None
+    ) -> None:
         """Device-to-device copy."""
 
     @abstractmethod
@@ -159,8 +162,15 @@ class Runtime(ABC):
         """Look up an `extern "C"` kernel in a loaded module."""
 
     @abstractmethod
-    def launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
-               args: Sequence[Any], shared: int = 0, stream: Any = None) -> None:
+    def launch(
+        self,
+        kernel: Kernel,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[Any],
+        shared: int = 0,
+        stream: Any = None,
+    ) -> None:
         """Launch a kernel asynchronously on `stream`."""
 
     # graphs
@@ -176,6 +186,7 @@ class Runtime(ABC):
     def replay(self, graph: Any, stream: Any) -> None:
         """Launch an executable graph on `stream`."""
 
+    @abstractmethod
     def close(self) -> None:
         """Release what the runtime holds (contexts, modules). Safe to call twice."""
 

@@ -24,8 +24,14 @@ def cache_key(source: str, arch: str, compiler: str, flags: Sequence[str]) -> st
     return f"{arch}-{h.hexdigest()[:40]}"
 
 
-def cached_compile(source: str, arch: str, compiler: str, flags: Sequence[str],
-                   compile_fn: Callable[[], bytes], directory: Path | None = None) -> bytes:
+def cached_compile(
+    source: str,
+    arch: str,
+    compiler: str,
+    flags: Sequence[str],
+    compile_fn: Callable[[], bytes],
+    directory: Path | None = None,
+) -> bytes:
     """Return the cached code object for this key, or run `compile_fn` and store its result.
 
     Writes go to a temporary file renamed into place, so concurrent processes never read a

@@ -9,7 +9,13 @@ import numpy as np
 
 from forge.errors import ForgeRuntimeError, OutOfMemoryError
 from forge_hip.runtime.base import (
-    ArgPack, DeviceBuffer, DeviceProps, Kernel, Runtime, address, dims,
+    ArgPack,
+    DeviceBuffer,
+    DeviceProps,
+    Kernel,
+    Runtime,
+    address,
+    dims,
 )
 from forge_hip.runtime.cache import cached_compile
 
@@ -48,8 +54,9 @@ def compile_source(source: str, name: str, arch: str, flags: Sequence[str] = ())
     """Compile with NVRTC to a CUBIN for `arch` ("sm_90"). Raises ForgeRuntimeError with the log."""
     from cuda.bindings import nvrtc
 
-    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
-                 "nvrtcCreateProgram")
+    prog = check(
+        nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram"
+    )
     try:
         opts = [f"--gpu-architecture={arch}".encode()] + [f.encode() for f in flags]
         status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
@@ -57,8 +64,9 @@ def compile_source(source: str, name: str, arch: str, flags: Sequence[str] = ())
             size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
             log = b" " * size
             check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-            raise ForgeRuntimeError(f"NVRTC failed to compile {name} for {arch}:\n"
-                                    f"{log.decode(errors='replace')}")
+            raise ForgeRuntimeError(
+                f"NVRTC failed to compile {name} for {arch}:\n{log.decode(errors='replace')}"
+            )
         size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * size
         check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -117,8 +125,10 @@ class CudaRuntime(Runtime):
         if stream is None:
             check(self._drv.cuMemcpyHtoD(address(dst), src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
         else:
-            check(self._drv.cuMemcpyHtoDAsync(address(dst), src.ctypes.data, src.nbytes, stream),
-                  "cuMemcpyHtoDAsync")
+            check(
+                self._drv.cuMemcpyHtoDAsync(address(dst), src.ctypes.data, src.nbytes, stream),
+                "cuMemcpyHtoDAsync",
+            )
 
     def copy_to_host(self, dst: np.ndarray, src, stream=None) -> None:
         if not dst.flags.c_contiguous:
@@ -126,18 +136,24 @@ class CudaRuntime(Runtime):
         if stream is None:
             check(self._drv.cuMemcpyDtoH(dst.ctypes.data, address(src), dst.nbytes), "cuMemcpyDtoH")
         else:
-            check(self._drv.cuMemcpyDtoHAsync(dst.ctypes.data, address(src), dst.nbytes, stream),
-                  "cuMemcpyDtoHAsync")
+            check(
+                self._drv.cuMemcpyDtoHAsync(dst.ctypes.data, address(src), dst.nbytes, stream),
+                "cuMemcpyDtoHAsync",
+            )
 
     def copy_device(self, dst, src, nbytes: int, stream=None) -> None:
-        check(self._drv.cuMemcpyDtoDAsync(address(dst), address(src), nbytes, stream or 0),
-              "cuMemcpyDtoDAsync")
+        check(
+            self._drv.cuMemcpyDtoDAsync(address(dst), address(src), nbytes, stream or 0),
+            "cuMemcpyDtoDAsync",
+        )
         if stream is None:
             self.synchronize()
 
     def memset(self, dst, byte: int, nbytes: int, stream=None) -> None:
-        check(self._drv.cuMemsetD8Async(address(dst), byte & 0xFF, nbytes, stream or 0),
-              "cuMemsetD8Async")
+        check(
+            self._drv.cuMemsetD8Async(address(dst), byte & 0xFF, nbytes, stream or 0),
+            "cuMemsetD8Async",
+        )
         if stream is None:
             self.synchronize()
 
@@ -163,8 +179,13 @@ class CudaRuntime(Runtime):
 
     def compile(self, source: str, name: str, flags: Sequence[str] = ()) -> bytes:
         arch = self.props.arch
-        return cached_compile(source, arch, self.props.compiler, flags,
-                              lambda: compile_source(source, name, arch, flags))
+        return cached_compile(
+            source,
+            arch,
+            self.props.compiler,
+            flags,
+            lambda: compile_source(source, name, arch, flags),
+        )
 
     def load(self, binary: bytes):
         module = check(self._drv.cuModuleLoadData(binary), "cuModuleLoadData")
@@ -172,15 +193,18 @@ class CudaRuntime(Runtime):
         return module
 
     def function(self, module, name: str, signature: str) -> Kernel:
-        fn = check(self._drv.cuModuleGetFunction(module, name.encode()),
-                   f"cuModuleGetFunction({name})")
+        fn = check(
+            self._drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})"
+        )
         return Kernel(fn, name, signature)
 
     def launch(self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None) -> None:
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
-        check(self._drv.cuLaunchKernel(kernel.handle, *g, *b, shared, stream or 0,
-                                       pack.address, 0), f"launch {kernel.name}")
+        check(
+            self._drv.cuLaunchKernel(kernel.handle, *g, *b, shared, stream or 0, pack.address, 0),
+            f"launch {kernel.name}",
+        )
 
     def begin_capture(self, stream) -> None:
         mode = self._drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

@@ -1,0 +1,53 @@
+"""The `hip` backend: HIP kernels on AMD (hip-python) or NVIDIA (cuda-python) GPUs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from forge.backend import Backend, Runner
+from forge.devices import BackendProbe
+from forge.errors import ForgeRuntimeError
+from forge_hip.probe import probe_amd, probe_nvidia
+
+if TYPE_CHECKING:
+    from forge.gguf import GGUFFile
+    from forge.kernels import KernelTable
+    from forge.models.spec import ModelSpec
+
+GPU_SCORE = 100  # above cpu_simd's 10: a usable GPU always wins `backend = "auto"`
+
+
+class HipBackend(Backend):
+    """Runs models on one GPU; AMD devices are listed before NVIDIA ones."""
+
+    name = "hip"
+    description = "HIP kernels on AMD (ROCm, hip-python) and NVIDIA (CUDA, cuda-python) GPUs"
+
+    def probe(self) -> BackendProbe:
+        try:
+            platforms = [probe_amd(), probe_nvidia()]
+        except Exception as exc:  # the probes catch their own failures; this is a last guard
+            return BackendProbe(False, f"probe failed: {exc}", details=(("error", str(exc)),))
+        devices = tuple(d for p in platforms for d in p.devices)
+        details = tuple(
+            (
+                p.platform,
+                p.reason
+                or f"{len(p.devices)} usable device(s): "
+                + ", ".join(f"{d.name} ({d.arch})" for d in p.devices),
+            )
+            for p in platforms
+        )
+        if devices:
+            return BackendProbe(True, "", devices, GPU_SCORE, details)
+        reason = "; ".join(f"{p.platform}: {p.reason}" for p in platforms)
+        unsupported = tuple(d for p in platforms for d in p.unsupported)
+        return BackendProbe(False, reason, unsupported, 0, details)
+
+    def open_runner(
+        self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *, device: int = 0
+    ) -> Runner:
+        raise ForgeRuntimeError(
+            "the hip backend cannot run models yet: its kernels and device runtimes exist, "
+            "the GPU model runner (weights arena, KV cache, graph-captured decode) does not"
+        )
