@@ -63,7 +63,7 @@ def tokenizer_from_metadata(metadata: dict[str, Any]) -> Tokenizer:
         score_list = scores.tolist() if scores is not None else [0.0] * len(tokens)
         return SPMTokenizer(vocab, score_list, _bool(metadata, "add_space_prefix", True))
     merges = metadata.get(_KEY + "merges")
-    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+    if not isinstance(merges, list) or set(map(type, merges)) - {str}:
         raise ModelError("a 'gpt2' (BPE) tokenizer needs tokenizer.ggml.merges, a string array")
     return BPETokenizer(vocab, parse_merges(merges), pre, pre.name in _IGNORE_MERGES_PRE)
 
@@ -72,7 +72,7 @@ def _tokens(metadata: dict[str, Any]) -> list[str]:
     tokens = metadata.get(_KEY + "tokens")
     if not isinstance(tokens, list) or not tokens:
         raise ModelError("tokenizer.ggml.tokens is missing or empty: the vocabulary is required")
-    if not all(isinstance(t, str) for t in tokens):
+    if set(map(type, tokens)) != {str}:  # C-speed check: 262k tokens in a few ms
         raise ModelError("tokenizer.ggml.tokens must be an array of strings")
     return tokens
 
