@@ -32,6 +32,8 @@ def command_modules() -> list:
     """The modules of this package that add commands, in menu order."""
     found = []
     for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
         name = f"{__name__}.{info.name}"
         try:
             module = importlib.import_module(name)
