@@ -23,6 +23,7 @@ from forge.gguf.types import SUPPORTED_TYPES, block_geometry, type_name
 MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_COUNT = 1 << 24  # tensors or keys in one file; real files have a few thousand
+MAX_NESTING = 8  # depth of arrays of arrays; real files use at most 2
 DEFAULT_ALIGNMENT = 32
 
 _SCALARS = {
@@ -62,6 +63,8 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike, *, validate_types: bool = True):
         self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise GGUFFormatError(f"{self.path}: is a directory, not a GGUF file")
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -75,7 +78,11 @@ class GGUFFile:
         self._pos = 0
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
-        self._parse(validate_types)
+        try:
+            self._parse(validate_types)
+        except BaseException:
+            self.close()
+            raise
 
     # -- low-level reads ---------------------------------------------------------------------
     def _need(self, n: int, what: str) -> None:
@@ -114,14 +121,14 @@ class GGUFFile:
         if vt == GGUFValueType.ARRAY:
             sub = self._unpack("<I", f"array type of {key!r}")
             count = self._unpack("<Q", f"array length of {key!r}")
-            return self._array(sub, count, key)
+            return self._array(sub, count, key, 1)
         dtype = np.dtype(_SCALARS[vt])
         self._need(dtype.itemsize, f"value of {key!r}")
         value = np.frombuffer(self._buf, dtype, 1, self._pos)[0].item()
         self._pos += dtype.itemsize
         return bool(value) if vt == GGUFValueType.BOOL else value
 
-    def _array(self, sub: int, count: int, key: str) -> Any:
+    def _array(self, sub: int, count: int, key: str, depth: int) -> Any:
         if sub == GGUFValueType.STRING:
             if count > (self.size - self._pos) // 8:
                 raise GGUFFormatError(
@@ -129,12 +136,21 @@ class GGUFFile:
                 )
             return [self._string(f"element of {key!r}") for _ in range(count)]
         if sub == GGUFValueType.ARRAY:
+            if depth >= MAX_NESTING:
+                raise GGUFFormatError(
+                    f"{self.path}: key {key!r}: arrays nested deeper than {MAX_NESTING} levels"
+                )
             if count > (self.size - self._pos) // 12:
                 raise GGUFFormatError(
                     f"{self.path}: key {key!r}: nested array count {count} too large"
                 )
             return [
-                self._array(self._unpack("<I", key), self._unpack("<Q", key), key)
+                self._array(
+                    self._unpack("<I", f"array type of {key!r}"),
+                    self._unpack("<Q", f"array length of {key!r}"),
+                    key,
+                    depth + 1,
+                )
                 for _ in range(count)
             ]
         try:
@@ -160,8 +176,11 @@ class GGUFFile:
         self._pos = 4
         version = self._unpack("<I", "version")
         if version not in (2, 3):
+            hint = ""
+            if version & 0xFFFF == 0 and (version >> 24) in (2, 3):
+                hint = "; the file is big-endian, which forge does not read"
             raise GGUFFormatError(
-                f"{self.path}: unsupported GGUF version {version} (expected 2 or 3)"
+                f"{self.path}: unsupported GGUF version {version} (expected 2 or 3){hint}"
             )
         self.version = version
         n_tensors = self._unpack("<Q", "tensor count")
@@ -175,9 +194,21 @@ class GGUFFile:
             if key in self.metadata:
                 raise GGUFFormatError(f"{self.path}: duplicate metadata key {key!r}")
             self.metadata[key] = self._value(vtype, key)
-        infos = [self._tensor_info(i, validate_types) for i in range(n_tensors)]
+        infos = []
+        names: set[str] = set()
+        for i in range(n_tensors):
+            info = self._tensor_info(i, validate_types)
+            if info[0] in names:
+                raise GGUFFormatError(f"{self.path}: duplicate tensor name {info[0]!r}")
+            names.add(info[0])
+            infos.append(info)
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if (
+            not isinstance(alignment, int)
+            or isinstance(alignment, bool)
+            or alignment <= 0
+            or alignment & (alignment - 1)
+        ):
             raise GGUFFormatError(
                 f"{self.path}: general.alignment {alignment!r} is not a power of 2"
             )
@@ -208,9 +239,9 @@ class GGUFFile:
                 f"{self.path}: tensor {name!r} uses weight type {ttype}, which forge does not "
                 f"support (supported: {', '.join(SUPPORTED_TYPES)})"
             )
-        if name in self.tensors or any(d == 0 for d in shape):
+        if any(d == 0 for d in shape):
             raise GGUFFormatError(
-                f"{self.path}: tensor {name!r} is duplicated or has a zero dimension"
+                f"{self.path}: tensor {name!r} has a zero dimension (shape {list(shape)})"
             )
         return name, ttype, shape, rel
 
@@ -226,10 +257,15 @@ class GGUFFile:
             n *= d
         nbytes = n // block * bsize
         start = self.data_offset + rel
-        if rel % self.alignment or start + nbytes > self.size:
+        if rel % self.alignment:
+            raise GGUFFormatError(
+                f"{self.path}: data of tensor {name!r}: offset {rel} is not a multiple of the "
+                f"alignment {self.alignment}"
+            )
+        if start + nbytes > self.size:
             raise GGUFFormatError(
                 f"{self.path}: data of tensor {name!r} ({nbytes} bytes at offset {start}) lies "
-                f"outside the file ({self.size} bytes) or is misaligned"
+                f"outside the file ({self.size} bytes)"
             )
         self.tensors[name] = TensorInfo(name, ttype, shape, start, nbytes)
 
