@@ -23,7 +23,7 @@ from forge.gguf import GGUFFile, open_gguf
 from forge.kv_cache import BlockAllocator, BlockTable
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
-from forge.tokenizer import Tokenizer, tokenizer_from_metadata
+from forge.tokenizer import Tokenizer, render_chat, resolve_chat_template, tokenizer_from_metadata
 
 log = logging.getLogger("forge")
 
@@ -81,6 +81,24 @@ class Model:
 
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template (or a built-in
+        one matching its vocabulary). The template writes BOS itself, so none is added here."""
+        tok = self.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        text = render_chat(
+            resolve_chat_template(tok),
+            messages,
+            bos_token=bos,
+            eos_token=eos,
+            add_generation_prompt=add_generation_prompt,
+        )
+        ids = tok.encode(text, add_special=False)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids.insert(0, tok.bos_id)
+        return ids
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """Logits [len(ids), n_vocab] float32 of one forward pass from an empty cache."""
