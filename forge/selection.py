@@ -40,7 +40,7 @@ def choose(wanted: str, device: int, names: Sequence[str], probe: Probe) -> tupl
     reason = f"auto picked backend {name!r} (highest score {score}){_where(best, device)}"
     on_cpu = bool(best.devices) and all(d.platform == "cpu" for d in best.devices)
     if down and on_cpu:
-        reason += "; fell back to the CPU because these are unavailable: " + "; ".join(down)
+        reason += "; fell back to the CPU, no other backend is available: " + "; ".join(down)
     elif down:
         reason += "; unavailable: " + "; ".join(down)
     return name, reason
