@@ -141,9 +141,10 @@ def test_logit_bias_adds_and_bans():
 
 
 def test_logit_bias_outside_vocab_is_config_error():
-    stage = stages.logit_bias(SamplingParams(logit_bias={10: 1.0}))
-    with pytest.raises(ConfigError, match="token 10.*4 tokens"):
-        run_stage(stage, [0.0, 0.0, 0.0, 0.0])
+    for token in (4, 10):
+        stage = stages.logit_bias(SamplingParams(logit_bias={0: 1.0, token: 1.0}))
+        with pytest.raises(ConfigError, match=f"token {token}.*4 tokens"):
+            run_stage(stage, [0.0, 0.0, 0.0, 0.0])
 
 
 def test_penalties_match_hand_computed_values():
@@ -236,6 +237,17 @@ def test_top_p_on_full_vocab_matches_reference(p, kind):
     kept = np.isfinite(out)
     assert_nucleus(kept, x, p)
     np.testing.assert_array_equal(out[kept], x[kept])
+
+
+@pytest.mark.parametrize("offset", [-1e-3, -1e-5, 1e-5, 1e-3, 0.02])
+def test_top_p_when_the_nucleus_ends_near_the_head(offset):
+    # ~95% of the mass in 300 tokens; p is set just around the mass of the select.HEAD
+    # highest values, where the search switches from the head to the whole vocabulary.
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal(VOCAB) * 0.5).astype(np.float32)
+    x[rng.choice(VOCAB, 300, replace=False)] = rng.uniform(9.6, 10.0, 300).astype(np.float32)
+    p = float(np.sort(softmax64(x))[::-1][: select.HEAD].sum()) + offset
+    assert_nucleus(np.isfinite(run_stage(stages.TopP(p), x)), x, p)
 
 
 def test_top_p_after_masking_renormalises_over_survivors():
