@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pydantic import ValidationError
+
 from forge.errors import ModelError, UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.models import gemma3, llama, qwen2, qwen3
@@ -28,9 +30,22 @@ def build_spec(gguf: GGUFFile) -> ModelSpec:
         raise UnsupportedModelError(
             f"{gguf.path}: unknown architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})"
         )
+    n_layer = gguf.metadata.get(f"{arch}.block_count")
+    if isinstance(n_layer, int) and n_layer > len(gguf.tensors):
+        # every layer needs several tensors; refuse before building per-layer tuples
+        raise ModelError(
+            f"{gguf.path}: metadata key '{arch}.block_count' = {n_layer} cannot be right: the "
+            f"file holds only {len(gguf.tensors)} tensors"
+        )
     try:
         spec = builder(ArchMetadata(gguf))
-    except ValueError as e:  # pydantic validation of out-of-range values
+    except ValidationError as e:  # out-of-range values that reached the pydantic model
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})"
+            for err in e.errors()
+        )
+        raise ModelError(f"{gguf.path}: invalid hyper-parameters: {problems}") from None
+    except ValueError as e:
         raise ModelError(f"{gguf.path}: invalid hyper-parameters: {e}") from None
     check_tensors(spec, gguf)
     return spec

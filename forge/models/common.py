@@ -11,23 +11,23 @@ from forge.models.spec import LayerSpec
 
 def base_fields(m: ArchMetadata) -> dict[str, Any]:
     """Fields every supported architecture reads the same way."""
-    n_embd = m.int("embedding_length")
-    n_head = m.int("attention.head_count")
-    head_dim = m.int("attention.key_length", n_embd // n_head)
+    n_embd = m.count("embedding_length")
+    n_head = m.count("attention.head_count")
+    head_dim = m.count("attention.key_length", n_embd // n_head)
     return {
         "arch": m.arch,
         "name": m.name(),
         "n_vocab": m.n_vocab(),
         "n_embd": n_embd,
-        "n_layer": m.int("block_count"),
+        "n_layer": m.count("block_count"),
         "n_head": n_head,
-        "n_head_kv": m.int("attention.head_count_kv", n_head),
+        "n_head_kv": m.count("attention.head_count_kv", n_head),
         "head_dim": head_dim,
-        "head_dim_v": m.int("attention.value_length", head_dim),
-        "n_ff": m.int("feed_forward_length"),
-        "n_ctx_train": m.int("context_length"),
+        "head_dim_v": m.count("attention.value_length", head_dim),
+        "n_ff": m.count("feed_forward_length"),
+        "n_ctx_train": m.count("context_length"),
         "rms_eps": m.float("attention.layer_norm_rms_epsilon"),
-        "rope_dim": m.int("rope.dimension_count", head_dim),
+        "rope_dim": m.count("rope.dimension_count", head_dim),
         "attn_scale": 1.0 / math.sqrt(head_dim),
         "tied_output": "output.weight" not in m.gguf.tensors,
     }

@@ -35,6 +35,15 @@ class ArchMetadata:
     def int(self, key: str, default: Any = None) -> int:
         return self._get(key, _REQUIRED if default is None else default, int)
 
+    def count(self, key: str, default: Any = None) -> int:
+        """An integer that must be >= 1 (a size or a count: dividing by it must be safe)."""
+        value = self.int(key, default)
+        if value < 1:
+            raise ModelError(
+                f"{self.gguf.path}: metadata key '{self.arch}.{key}' must be >= 1, got {value}"
+            )
+        return value
+
     def float(self, key: str, default: Any = None) -> float:
         return self._get(key, _REQUIRED if default is None else default, float)
 
