@@ -3,7 +3,7 @@
 Each decoder takes C-contiguous `blocks` (uint8 [n, block bytes]) and writes float32 [n, 256] into
 `out`. Codes come from `planes` (bit-field passes over the chunk) and are gathered, high bits
 merged, into contiguous uint8 codes by one pass over strided views (NumPy's mixed-type multiply is
-slow on strided input). They are then scaled per sub-block in ggml's operation order
+slow on strided input), cast into `out` and scaled there per sub-block in ggml's operation order
 ((d * scale) * q - dmin * min), so the results are bit-exact.
 Layouts (byte offsets): Q2_K scales[16]@0 qs[64]@16 d@80 dmin@82; Q3_K hmask[32]@0 qs[64]@32
 scales[12]@96 d@108; Q4_K d@0 dmin@2 scales[12]@4 qs[128]@16; Q5_K d@0 dmin@2 scales[12]@4
@@ -25,7 +25,8 @@ def _scaled(q: np.ndarray, scale: np.ndarray, out: np.ndarray, bias: np.ndarray 
     """out = scale * q (- bias) per sub-block: q contiguous [n, 256]; scale, bias [n, subs]."""
     n, subs = scale.shape
     o = out.reshape(n, subs, -1)
-    np.multiply(q.reshape(n, subs, -1), scale[:, :, None], out=o)
+    np.copyto(out, q.reshape(out.shape))
+    o *= scale[:, :, None]
     if bias is not None:
         np.subtract(o, bias[:, :, None], out=o)
 
