@@ -135,15 +135,35 @@ class CpuRunner(Runner):
         x = embedding_rows(self.gguf.raw("token_embd.weight"), self.embd_info, ids)
         if s.embed_scale != 1.0:
             x *= np.float32(s.embed_scale)
+        rows = self._output_rows(batch, bounds)
         rope_cache: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        last = s.n_layer - 1
         for li, (layer, lspec) in enumerate(zip(self.layers, s.layers)):
             key = (lspec.rope_base, lspec.rope_scale)
             if key not in rope_cache:
                 rope_cache[key] = ops.rope_tables(pos, s.rope_dim, *key)
-            x = self._layer(li, layer, lspec, x, pos, batch, bounds, slots, rope_cache[key])
-        return self._logits(x, batch, bounds)
+            # The last layer's attention output and FFN matter only for rows whose logits are
+            # wanted (its K/V are still cached for every row).
+            queries = (
+                rows if li == last else [np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+            )
+            x = self._layer(li, layer, lspec, x, pos, batch, slots, queries, rope_cache[key])
+        return self._logits(x, batch, rows)
 
-    def _layer(self, li, layer, lspec, x, pos, batch, bounds, slots, rope_cs):
+    def _output_rows(self, batch: list[SeqBatch], bounds: np.ndarray) -> list[np.ndarray]:
+        """Per sequence, the rows (indices into the batch's tokens) whose logits it wants."""
+        rows = []
+        for b, lo, hi in zip(batch, bounds, bounds[1:]):
+            if b.output == "all":
+                rows.append(np.arange(lo, hi))
+            elif b.output == "last" and hi > lo:
+                rows.append(np.array([hi - 1]))
+            else:
+                rows.append(np.array([], dtype=np.int64))
+        return rows
+
+    def _layer(self, li, layer, lspec, x, pos, batch, slots, queries, rope_cs):
+        """One transformer block; returns the new hidden state of the rows in `queries`."""
         s = self.spec
         n = x.shape[0]
         h = ops.rms_norm(x, layer["attn_norm"], s.rms_eps)
@@ -157,17 +177,25 @@ class CpuRunner(Runner):
         ops.rope(q, *rope_cs, s.rope_neox)
         ops.rope(k, *rope_cs, s.rope_neox)
         kc, vc = self.k_cache[li], self.v_cache[li]
-        attn = np.empty((n, s.n_head, s.head_dim_v), np.float32)
-        for i, b in enumerate(batch):
-            lo, hi = bounds[i], bounds[i + 1]
-            kc[slots[i]] = k[lo:hi]
-            vc[slots[i]] = v[lo:hi]
-            end = b.start + len(b.tokens)
-            past = self._slots(b, 0, end)
-            attn[lo:hi] = ops.attention(
-                q[lo:hi], kc[past], vc[past], pos[lo:hi], s.attn_scale, lspec.sliding_window
+        kept = np.concatenate(queries).astype(np.int64)
+        attn = np.empty((kept.size, s.n_head, s.head_dim_v), np.float32)
+        at = offset = 0
+        for slot in slots:
+            kc[slot] = k[offset : offset + len(slot)]
+            vc[slot] = v[offset : offset + len(slot)]
+            offset += len(slot)
+        for b, sel in zip(batch, queries):
+            if sel.size == 0:
+                continue
+            past = self._slots(b, 0, b.start + len(b.tokens))
+            attn[at : at + sel.size] = ops.attention(
+                q[sel], kc[past], vc[past], pos[sel], s.attn_scale, lspec.sliding_window
             )
-        o = layer["wo"](attn.reshape(n, -1))
+            at += sel.size
+        if kept.size == 0:
+            return x[:0]
+        x = x[kept] if kept.size != n else x
+        o = layer["wo"](attn.reshape(kept.size, -1))
         if s.post_norms:
             o = ops.rms_norm(o, layer["post_attn"], s.rms_eps)
         x = x + o
@@ -178,25 +206,14 @@ class CpuRunner(Runner):
             d = ops.rms_norm(d, layer["post_ffn"], s.rms_eps)
         return x + d
 
-    def _logits(self, x, batch, bounds) -> list[np.ndarray | None]:
-        rows, owners = [], []
-        for i, b in enumerate(batch):
-            lo, hi = bounds[i], bounds[i + 1]
-            if b.output == "all":
-                rows.append(np.arange(lo, hi))
-            elif b.output == "last" and hi > lo:
-                rows.append(np.array([hi - 1]))
-            else:
-                rows.append(np.array([], dtype=np.int64))
-            owners.append(b.output)
-        picked = np.concatenate(rows).astype(np.int64)
-        if picked.size == 0:
+    def _logits(self, x, batch, rows) -> list[np.ndarray | None]:
+        """Logits of the output rows; `x` holds exactly those rows, in order."""
+        if x.shape[0] == 0:
             return [None] * len(batch)
-        h = ops.rms_norm(x[picked], self.output_norm, self.spec.rms_eps)
-        logits = self.output(h)
+        logits = self.output(ops.rms_norm(x, self.output_norm, self.spec.rms_eps))
         out, at = [], 0
-        for r, kind in zip(rows, owners):
-            out.append(None if kind == "none" else logits[at : at + len(r)])
+        for b, r in zip(batch, rows):
+            out.append(None if b.output == "none" else logits[at : at + len(r)])
             at += len(r)
         return out
 
