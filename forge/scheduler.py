@@ -1,0 +1,306 @@
+"""Continuous batching: many sequences share each forward pass of one model.
+
+A `Scheduler` owns the model in one background thread. Requests (a `SequenceState` from
+`Model.start` plus a callback) join a bounded waiting queue; between steps, waiting sequences are
+admitted while there is room (``max_batch`` running sequences, enough free KV blocks for their
+prompt). Each step is one `Runner.forward` call holding every running sequence's next tokens: one
+token for a decoding sequence, a prompt chunk for a prefilling one (at most ``prefill_chunk``
+prompt tokens per step in all, so a long prompt cannot stall the decoders). Each sequence whose
+tokens were all fed gets a logits row, sampled by its own `SequenceState`; the resulting
+`TokenEvent` goes to the request's callback, called from the scheduler thread.
+
+Blocks of the paged KV cache are freed as soon as a sequence finishes or is cancelled. When the
+cache runs out mid-step, the most recently admitted sequence is preempted: its blocks are freed
+and it later recomputes its KV from its prompt and the tokens generated so far (same tokens, so
+the output is unchanged).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forge.backend import SeqBatch
+from forge.errors import ForgeError, OutOfMemoryError
+from forge.generation import SequenceState, TokenEvent
+from forge.kv_cache import BlockTable
+
+log = logging.getLogger("forge.scheduler")
+
+PREFILL_CHUNK = 256  # prompt tokens per step, over all prefilling sequences
+
+
+class QueueFullError(ForgeError):
+    """The waiting queue is full; retry later (the server answers 429 with Retry-After)."""
+
+    recoverable = True
+
+
+class ShuttingDownError(ForgeError):
+    """The scheduler is draining or stopped and takes no new requests (HTTP 503)."""
+
+    recoverable = True
+
+
+@dataclass
+class Finished:
+    """The last message a request's callback gets: why it ended, and token counts."""
+
+    finish_reason: str  # "stop", "length", "cancelled" or "error"
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+Callback = Callable[["TokenEvent | Finished"], None]
+
+
+@dataclass
+class _Request:
+    id: int
+    state: SequenceState
+    on_event: Callback
+    table: BlockTable | None = None
+    cached: int = 0  # positions already in the KV cache
+    pending: list[int] = field(default_factory=list)  # tokens to feed next
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class Handle:
+    """A submitted request; `cancel()` is safe from any thread, at any time."""
+
+    def __init__(self, scheduler: Scheduler, request: _Request):
+        self._scheduler, self._request = scheduler, request
+
+    @property
+    def id(self) -> int:
+        return self._request.id
+
+    def cancel(self) -> None:
+        self._request.cancelled = True
+        self._scheduler._wake()
+
+
+class Scheduler:
+    """Runs `model`'s sequences in batches on a background thread (call `start()` first)."""
+
+    def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64,
+                 prefill_chunk: int = PREFILL_CHUNK):  # fmt: skip
+        if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
+        self.model = model
+        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._running: list[_Request] = []
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._accepting = True
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # forward passes run
+        self.preemptions = 0
+
+    # -- public API (any thread) ---------------------------------------------------------------
+    def start(self) -> Scheduler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="forge-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, state: SequenceState, on_event: Callback) -> Handle:
+        """Queue a sequence. Raises QueueFullError when `max_queue` requests already wait and
+        ShuttingDownError once draining began."""
+        with self._cond:
+            if not self._accepting:
+                raise ShuttingDownError("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFullError(
+                    f"too many requests waiting ({len(self._waiting)}); retry shortly"
+                )
+            request = _Request(next(self._ids), state, on_event, pending=list(state.prompt))
+            self._waiting.append(request)
+            self._cond.notify()
+        return Handle(self, request)
+
+    def stats(self) -> dict[str, float]:
+        """Queue depth, running sequences and KV cache use (fraction of blocks)."""
+        return {
+            "waiting": len(self._waiting),
+            "running": len(self._running),
+            "kv_usage": self.model.allocator.usage,
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+        }
+
+    def drain(self) -> None:
+        """Refuse new requests; the ones already accepted run to completion."""
+        with self._cond:
+            self._accepting = False
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Drain, wait up to `timeout` s for accepted requests to finish, then end the thread
+        (sequences still running then are cancelled). Returns True if everything finished."""
+        self.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._waiting or self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left if left is not None else 0.5)
+            clean = not (self._waiting or self._running)
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        return clean
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- the scheduler thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                self._drop_cancelled()
+                self._admit()
+            try:
+                if self._running:
+                    self._step()
+            except Exception as exc:  # a failed pass must not take the server down
+                log.exception("forward pass failed; ending its sequences")
+                for request in list(self._running):
+                    self._finish(request, "error", f"{type(exc).__name__}: {exc}")
+            with self._cond:
+                self._cond.notify_all()  # wakes stop() waiting for the queues to empty
+        leftover = list(self._running) + list(self._waiting)
+        self._waiting.clear()
+        for request in leftover:
+            self._finish(request, "cancelled")
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for r in self._waiting if r.cancelled]:
+            self._waiting.remove(request)
+            self._finish(request, "cancelled")
+        for request in [r for r in self._running if r.cancelled]:
+            self._finish(request, "cancelled")
+
+    def _admit(self) -> None:
+        alloc = self.model.allocator
+        while self._waiting and len(self._running) < self.max_batch:
+            request = self._waiting[0]
+            # room for the whole prompt (+1 for its first token), so prefill is not preempted
+            if alloc.blocks_for(len(request.pending) + 1) > alloc.n_free and self._running:
+                return
+            self._waiting.popleft()
+            request.table = BlockTable(alloc, self.model.n_ctx)
+            self._running.append(request)
+
+    def _step(self) -> None:
+        budget = self.prefill_chunk
+        plan: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
+        for request in list(self._running):
+            if request not in self._running:  # preempted while planning an earlier one
+                continue
+            n = len(request.pending)
+            if n > 1:  # prefill (or recompute after preemption): bounded by the budget
+                if budget <= 0:
+                    continue
+                n = min(n, budget)
+                budget -= n
+            if not self._reserve(request, request.cached + n, plan):
+                continue
+            plan.append((request, n))
+        if not plan:
+            return
+        batch = []
+        for request, n in plan:
+            last = n == len(request.pending)
+            tokens = np.asarray(request.pending[:n], dtype=np.int32)
+            batch.append(SeqBatch(tokens, request.cached, request.table.array(),
+                                  "last" if last else "none"))  # fmt: skip
+        sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
+        if sampling and all(r.state.is_greedy for r, _ in sampling):
+            picks = self.model.runner.forward_argmax(batch)
+            rows = {id(b): p for b, p in zip(batch, picks)}
+        else:
+            outs = self.model.runner.forward(batch)
+            rows = {id(b): o for b, o in zip(batch, outs)}
+        self.steps += 1
+        for request, n in plan:
+            request.cached += n
+            del request.pending[:n]
+        for request, b in sampling:
+            out = rows[id(b)]
+            state = request.state
+            event = state.take(int(out)) if np.isscalar(out) else state.step(out[-1])
+            request.pending = [event.token]
+            _deliver(request, event)
+            if state.finished:
+                self._finish(request, state.finish_reason)
+
+    def _reserve(self, request: _Request, n_positions: int, plan: list) -> bool:
+        """Blocks for `n_positions`; preempts the newest other sequences when the pool is dry.
+        False when `request` itself had to be preempted."""
+        while True:
+            try:
+                request.table.ensure(n_positions)
+                return True
+            except OutOfMemoryError:
+                planned = {id(r) for r, _ in plan}
+                victims = [r for r in self._running if r is not request and id(r) not in planned]
+                victim = victims[-1] if victims else request
+                self._preempt(victim)
+                if victim is request:
+                    return False
+
+    def _preempt(self, request: _Request) -> None:
+        """Free a running sequence's blocks and requeue it to recompute its KV later."""
+        self.preemptions += 1
+        request.table.release()
+        request.cached = 0
+        state = request.state
+        # the KV of every token but the newest is recomputed; the newest is fed after it
+        request.pending = state.prompt + state.generated
+        self._running.remove(request)
+        with self._cond:
+            self._waiting.appendleft(request)
+
+    def _finish(self, request: _Request, reason: str, error: str | None = None) -> None:
+        if request.table is not None:
+            request.table.release()
+        if request in self._running:
+            self._running.remove(request)
+        request.state.cancel(reason)
+        state = request.state
+        done = Finished(
+            state.finish_reason or reason, len(state.prompt), len(state.generated), error
+        )
+        _deliver(request, done)
+
+
+def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
+    """Hand a message to a request's callback; a failing callback cancels only that request."""
+    try:
+        request.on_event(message)
+    except Exception:
+        log.exception("request %d: callback failed; cancelling it", request.id)
+        request.cancelled = True

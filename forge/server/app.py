@@ -1,0 +1,170 @@
+"""The FastAPI application: `create_app(model_or_loader, config)`.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI's API; they need
+``Authorization: Bearer <key>`` when `config.api_key` is set), GET /health (the process is up),
+GET /ready (200 once the model is loaded, 503 before), GET /metrics (Prometheus text format).
+
+With a loader (a callable returning a `forge.Model`), the model loads in a background thread at
+startup so /health and /ready answer meanwhile; with a loaded model the app is ready at once.
+At shutdown the scheduler stops taking requests (503) and finishes the ones it has.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from forge.config import ServerConfig
+from forge.server import endpoints
+from forge.server.errors import APIError, install_error_handlers
+from forge.server.metrics import Metrics
+from forge.server.schemas import ChatRequest, CompletionRequest
+from forge.server.service import Service, model_id
+
+log = logging.getLogger("forge.server")
+
+DRAIN_TIMEOUT_S = 120.0  # longest wait for accepted requests at shutdown
+_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+class _State:
+    """What the routes share: the service once loaded, or why loading failed."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.service: Service | None = None
+        self.load_error: str | None = None
+        self.metrics = Metrics(self.stats)
+        self.draining = False
+
+    def stats(self) -> dict[str, float]:
+        return self.service.scheduler.stats() if self.service else {}
+
+    def attach(self, model: Any) -> None:
+        cfg = self.config
+        self.service = Service(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue,
+                               metrics=self.metrics)  # fmt: skip
+        if self.draining:
+            self.service.scheduler.drain()
+        log.info("serving %s (id %r)", model.path, self.service.id)
+
+    def drain(self) -> None:
+        """Refuse new generations from now on (SIGTERM); running ones finish."""
+        self.draining = True
+        if self.service is not None:
+            self.service.scheduler.drain()
+
+
+class _CountRequests:
+    """Counts generation requests by status (plain ASGI: streaming and disconnects untouched)."""
+
+    def __init__(self, app: Any, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = _ENDPOINTS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None:
+            return await self.app(scope, receive, send)
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_counted)
+
+
+def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving a loaded `forge.Model`, or the model a zero-argument loader returns."""
+    config = config or ServerConfig()
+    state = _State(config)
+
+    def load_in_background(loader: Callable[[], Any]) -> None:
+        try:
+            state.attach(loader())
+        except Exception as exc:  # reported by /ready; the process keeps answering
+            log.exception("loading the model failed")
+            state.load_error = f"{type(exc).__name__}: {exc}"
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if callable(model_or_loader) and not hasattr(model_or_loader, "runner"):
+            threading.Thread(target=load_in_background, args=(model_or_loader,),
+                             name="forge-model-loader", daemon=True).start()  # fmt: skip
+        else:
+            state.attach(model_or_loader)
+        yield
+        state.drain()
+        if state.service is not None:
+            state.service.close(DRAIN_TIMEOUT_S)
+
+    app = FastAPI(title="forge", lifespan=lifespan)
+    app.state.forge = state
+    install_error_handlers(app)
+
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+
+    def authorized(request: Request) -> None:
+        key = config.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+            raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)",
+                           code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    def service() -> Service:
+        if state.service is None:
+            message = state.load_error or "the model is still loading"
+            raise APIError(503, message, "server_error", code="model_not_ready",
+                           headers={"Retry-After": "1"})  # fmt: skip
+        if state.draining:
+            raise APIError(503, "the server is shutting down", "server_error",
+                           code="shutting_down")  # fmt: skip
+        return state.service
+
+    auth = [Depends(authorized)]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.service is None:
+            body = {"status": "failed" if state.load_error else "loading",
+                    "error": state.load_error}  # fmt: skip
+            return JSONResponse(body, 503)
+        return JSONResponse({"status": "ready", "model": state.service.id})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict:
+        svc = service()
+        entry = {"id": svc.id, "object": "model", "created": svc.created, "owned_by": "forge"}
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest, request: Request):
+        return await endpoints.completions(service(), body, request)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: ChatRequest, request: Request):
+        return await endpoints.chat_completions(service(), body, request)
+
+    return app
+
+
+__all__ = ["create_app", "model_id"]

@@ -1,0 +1,224 @@
+"""POST /v1/completions and /v1/chat/completions: OpenAI request in, OpenAI response out.
+
+Both endpoints build a `SequenceState` through `Model.start` (so prompt and sampling validation is
+the engine's), queue it on the scheduler, then either collect the whole answer or stream it as
+server-sent events ending with ``data: [DONE]``. A client that goes away cancels its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from forge.generation import TokenEvent
+from forge.scheduler import Finished
+from forge.server.errors import APIError, bad_request, check
+from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
+from forge.server.service import Generation, Service
+
+POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def _check_common(service: Service, body: SamplingFields) -> None:
+    if body.model is not None and body.model != service.id:
+        raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
+                       f"{service.id!r}", param="model", code="model_not_found")  # fmt: skip
+    check(body.n == 1, "only n=1 is supported", "n")
+
+
+def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
+    bias = None
+    if body.logit_bias:
+        bias = {}
+        for key, value in body.logit_bias.items():
+            known = key.isdigit() and int(key) < service.model.n_vocab
+            check(known, f"logit_bias key {key!r} is not a token id of this model", "logit_bias")
+            check(-100 <= value <= 100, "logit_bias values must be in -100..100", "logit_bias")
+            bias[int(key)] = value
+    values = {
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
+        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+        "logit_bias": bias,
+    }  # fmt: skip
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _usage(done: Finished) -> dict[str, int]:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens}  # fmt: skip
+
+
+def _finish_reason(done: Finished) -> str:
+    if done.finish_reason == "error":
+        raise APIError(500, f"generation failed: {done.error}", "server_error")
+    return done.finish_reason
+
+
+async def _collect(gen: Generation, request: Request) -> list[TokenEvent]:
+    """Every event of a non-streaming request; cancels it if the client disconnects."""
+    events = []
+    try:
+        while True:
+            try:
+                message = await gen.next(POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    gen.cancel()
+                    raise APIError(499, "client disconnected") from None
+                continue
+            if isinstance(message, Finished):
+                return events
+            events.append(message)
+    finally:
+        gen.cancel()  # no-op once finished
+
+
+def _sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _stream(gen: Generation, chunks, prefix: tuple = ()) -> AsyncIterator[str]:
+    """SSE lines: `prefix` chunks, then `chunks(message) -> list[dict]` for each message.
+    Cancelling the iterator (the client disconnected) cancels the sequence."""
+    try:
+        for chunk in prefix:
+            yield _sse(chunk)
+        while True:
+            message = await gen.next()
+            for chunk in chunks(message):
+                yield _sse(chunk)
+            if isinstance(message, Finished):
+                break
+        yield "data: [DONE]\n\n"
+    except APIError as err:
+        yield _sse({"error": {"message": err.message, "type": err.type, "param": None,
+                              "code": err.code}})  # fmt: skip
+    finally:
+        gen.cancel()
+
+
+def _streaming_response(lines: AsyncIterator[str]) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(lines, media_type="text/event-stream", headers=headers)
+
+
+def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
+           logprobs: int | None):  # fmt: skip
+    model = service.model
+    if max_tokens is None:
+        max_tokens = model.n_ctx  # until the context is full (SequenceState stops there)
+    state = model.start(prompt, max_tokens=max_tokens, stop=body.stop_list(), logprobs=logprobs,
+                        **_sampling(service, body))  # fmt: skip
+    return service.generate(state)
+
+
+# -- /v1/completions ---------------------------------------------------------------------------
+async def completions(service: Service, body: CompletionRequest, request: Request):
+    _check_common(service, body)
+    check(not body.echo, "echo is not supported", "echo")
+    check(body.best_of in (None, 1), "only best_of=1 is supported", "best_of")
+    check(body.suffix is None, "suffix is not supported", "suffix")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        check(len(prompt) == 1, "only one prompt per request is supported", "prompt")
+        prompt = prompt[0]
+    gen = _start(service, prompt, body, body.max_tokens, body.logprobs)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    base = {"id": rid, "object": "text_completion", "created": created, "model": service.id}
+
+    def choice(text: str, events: list[TokenEvent], reason: str | None) -> dict:
+        lp = _completion_logprobs(service, events) if body.logprobs is not None else None
+        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunks(message):
+            if isinstance(message, Finished):
+                out = [{**base, "choices": [choice("", [], _finish_reason(message))]}]
+                if usage:
+                    out.append({**base, "choices": [], "usage": _usage(message)})
+                return out
+            return [{**base, "choices": [choice(message.text, [message], None)]}]
+
+        return _streaming_response(_stream(gen, chunks))
+    events = await _collect(gen, request)
+    done = gen.finished
+    reason = _finish_reason(done)
+    text = "".join(e.text for e in events)
+    return JSONResponse({**base, "choices": [choice(text, events, reason)], "usage": _usage(done)})
+
+
+def _completion_logprobs(service: Service, events: list[TokenEvent]) -> dict:
+    tokens = [service.token_text(e.token) for e in events]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [{service.token_text(t): lp for t, lp in e.top_logprobs} for e in events],
+        "text_offset": offsets,
+    }
+
+
+# -- /v1/chat/completions ----------------------------------------------------------------------
+async def chat_completions(service: Service, body: ChatRequest, request: Request):
+    _check_common(service, body)
+    check(not body.tools, "tools are not supported", "tools")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    ids = await asyncio.to_thread(service.chat_prompt, body.chat_messages())
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    gen = _start(service, ids, body, max_tokens, logprobs)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def lp(events: list[TokenEvent]) -> dict | None:
+        return {"content": [_chat_logprob(service, e) for e in events]} if body.logprobs else None
+
+    if body.stream:
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": service.id}  # fmt: skip
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}  # fmt: skip
+
+        def chunks(message):
+            if isinstance(message, Finished):
+                c = {"index": 0, "delta": {}, "logprobs": None,
+                     "finish_reason": _finish_reason(message)}  # fmt: skip
+                out = [{**base, "choices": [c]}]
+                if usage:
+                    out.append({**base, "choices": [], "usage": _usage(message)})
+                return out
+            c = {"index": 0, "delta": {"content": message.text}, "logprobs": lp([message]),
+                 "finish_reason": None}  # fmt: skip
+            return [{**base, "choices": [c]}]
+
+        return _streaming_response(_stream(gen, chunks, (first,)))
+    events = await _collect(gen, request)
+    done = gen.finished
+    reason = _finish_reason(done)
+    message = {"role": "assistant", "content": "".join(e.text for e in events)}
+    choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
+                         "model": service.id, "choices": [choice],
+                         "usage": _usage(done)})  # fmt: skip
+
+
+def _chat_logprob(service: Service, e: TokenEvent) -> dict:
+    def entry(token: int, logprob: float | None) -> dict:
+        return {"token": service.token_text(token), "logprob": logprob,
+                "bytes": service.token_bytes(token)}  # fmt: skip
+
+    return {**entry(e.token, e.logprob), "top_logprobs": [entry(t, p) for t, p in e.top_logprobs]}

@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible endpoints (field names and ranges as OpenAI's API).
+
+Unknown fields are ignored, as OpenAI's server does for fields it does not use (e.g. `user`);
+fields forge cannot honour (n > 1, echo, best_of > 1, tools) are refused with a 400 by the
+handlers rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by both endpoints. None means "the server's configured default"."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: Finite | None = Field(None, ge=0, le=2)
+    top_p: Finite | None = Field(None, gt=0, le=1)
+    n: StrictInt = Field(1, ge=1, le=128)
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
+    presence_penalty: Finite | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Finite | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, Finite] | None = None
+    # forge's extra samplers (llama.cpp's names)
+    top_k: StrictInt | None = Field(None, ge=0)
+    min_p: Finite | None = Field(None, ge=0, le=1)
+    repeat_penalty: Finite | None = Field(None, gt=0)
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: StrictStr | list[StrictInt] | list[StrictStr]
+    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    echo: StrictBool = False
+    best_of: StrictInt | None = Field(None, ge=1)
+    suffix: StrictStr | None = None
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """Messages as the chat template wants them ("developer" is the newer "system")."""
+        out = []
+        for m in self.messages:
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": m.text()})
+        return out
