@@ -1,0 +1,46 @@
+"""Helpers for GPU tests: device buffers with poisoned outputs, relative error."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Dev:
+    """Small helpers over the runtime for tests: upload, poisoned outputs, download."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.bufs = []
+
+    def put(self, arr: np.ndarray):
+        arr = np.ascontiguousarray(arr)
+        buf = self.rt.alloc(arr.nbytes)
+        self.rt.copy_to_device(buf, arr)
+        self.bufs.append(buf)
+        return buf
+
+    def poisoned(self, nbytes: int):
+        """An output buffer full of 0xFF bytes: NaN as float32, -1 as int32."""
+        buf = self.rt.alloc(nbytes)
+        self.rt.memset(buf, 0xFF, nbytes)
+        self.bufs.append(buf)
+        return buf
+
+    def get(self, buf, shape, dtype=np.float32) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        self.rt.synchronize()
+        self.rt.copy_to_host(out, buf)
+        return out
+
+    def free(self):
+        for b in self.bufs:
+            self.rt.free(b)
+        self.bufs.clear()
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref||, NaN when anything is not finite (so it never passes)."""
+    out = np.asarray(out, np.float64)
+    if not np.isfinite(out).all():
+        return float("nan")
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
