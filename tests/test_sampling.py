@@ -227,12 +227,14 @@ def test_top_p_ties_all_masked_but_one_and_off():
 
 
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
-@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending"])
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending", "strided_bans"])
 def test_top_p_on_full_vocab_matches_reference(p, kind):
     if kind == "ascending":
         x = np.linspace(-3, 3, VOCAB, dtype=np.float32)
     else:
-        x = (flat_logits if kind == "flat" else peaked_logits)(VOCAB, seed=int(p * 1000))
+        x = (flat_logits if kind != "peaked" else peaked_logits)(VOCAB, seed=int(p * 1000))
+    if kind == "strided_bans":  # every subsampled value is masked, the rest are not
+        x[:: select.STRIDE] = -np.inf
     out = run_stage(stages.TopP(p), x)
     kept = np.isfinite(out)
     assert_nucleus(kept, x, p)
