@@ -107,6 +107,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0  # forward passes run
         self.preemptions = 0
+        self.cancelled = 0  # sequences ended by cancel() (e.g. a client that went away)
 
     # -- public API (any thread) ---------------------------------------------------------------
     def start(self) -> Scheduler:
@@ -138,6 +139,7 @@ class Scheduler:
             "kv_usage": self.model.allocator.usage,
             "steps": self.steps,
             "preemptions": self.preemptions,
+            "cancelled": self.cancelled,
         }
 
     def drain(self) -> None:
@@ -285,6 +287,8 @@ class Scheduler:
             self._waiting.appendleft(request)
 
     def _finish(self, request: _Request, reason: str, error: str | None = None) -> None:
+        if reason == "cancelled":
+            self.cancelled += 1
         if request.table is not None:
             request.table.release()
         if request in self._running:

@@ -29,6 +29,8 @@ class Metrics:
             ("waiting", "forge_queue_depth", "Requests waiting to be scheduled"),
             ("running", "forge_running_sequences", "Sequences in the running batch"),
             ("kv_usage", "forge_kv_cache_usage_ratio", "Fraction of KV cache blocks in use"),
+            ("cancelled", "forge_cancelled_sequences", "Sequences cancelled so far (disconnects)"),
+            ("preemptions", "forge_preemptions", "Sequences preempted for KV space so far"),
         ):
             Gauge(name, doc, registry=r).set_function(lambda key=key: self._stat(key))
 

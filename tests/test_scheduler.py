@@ -1,0 +1,201 @@
+"""The continuous-batching scheduler on a tiny golden model (llama-f32: float32 weights, so no
+8-bit activation rounding amplifies batch-size-dependent summation order into argmax flips).
+
+The reference for every batched result is the engine's single-sequence path, `Model.complete`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from forge.errors import ForgeRuntimeError
+from forge.scheduler import Finished, QueueFullError, Scheduler, ShuttingDownError
+
+MODEL = "llama-f32.gguf"
+NO_EOS = {2: float("-inf")}  # llama-f32's EOS id: keeps generations running to max_tokens
+PROMPTS = [f"Prompt {i}: the {w} said" for i, w in enumerate(
+    ["cat", "dog", "bird", "fish", "king", "robot", "tree", "river"])]  # fmt: skip
+
+
+def _load(golden_dir, n_ctx):
+    from forge.api import load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # plugins other engineers are still writing
+        return load(str(golden_dir / "models" / MODEL), backend="cpu_simd", n_ctx=n_ctx)
+
+
+@pytest.fixture(scope="module")
+def model(golden_dir):
+    return _load(golden_dir, 512)
+
+
+def _submit(sched, model, prompt, **kw):
+    q: queue.Queue = queue.Queue()
+    kw.setdefault("temperature", 0)
+    state = model.start(prompt, max_tokens=kw.pop("max_tokens", 20), **kw)
+    return sched.submit(state, q.put), q, state
+
+
+def _drain(q, timeout=30):
+    events = []
+    while True:
+        msg = q.get(timeout=timeout)
+        if isinstance(msg, Finished):
+            return events, msg
+        events.append(msg)
+
+
+def test_batched_greedy_equals_single(model):
+    single = {p: model.complete(p, max_tokens=20, temperature=0) for p in PROMPTS}
+    sched = Scheduler(model, max_batch=8).start()
+    try:
+        alone = _submit(sched, model, PROMPTS[3])
+        _, done = _drain(alone[1])
+        together = [_submit(sched, model, p) for p in PROMPTS]
+        results = [_drain(q) + (state,) for _, q, state in together]
+    finally:
+        sched.stop(5)
+    assert alone[2].generated == single[PROMPTS[3]].tokens
+    assert done.finish_reason == single[PROMPTS[3]].finish_reason
+    for p, (events, fin, state) in zip(PROMPTS, results):
+        ref = single[p]
+        assert state.generated == ref.tokens, p
+        assert "".join(e.text for e in events) == ref.text
+        assert (fin.prompt_tokens, fin.completion_tokens) == (ref.prompt_tokens, len(ref.tokens))
+        assert fin.finish_reason == ref.finish_reason
+    assert model.allocator.usage == 0.0
+
+
+def test_sampled_requests_are_seeded_and_independent(model):
+    sched = Scheduler(model, max_batch=4).start()
+    try:
+        runs = []
+        for _ in range(2):
+            subs = [_submit(sched, model, p, temperature=0.9, seed=7) for p in PROMPTS[:4]]
+            runs.append([(_drain(q), s.generated)[1] for _, q, s in subs])
+    finally:
+        sched.stop(5)
+    assert runs[0] == runs[1]  # same seeds: same tokens whatever the batch composition
+    assert len({tuple(r) for r in runs[0]}) > 1
+
+
+class _Spy:
+    """Wraps a runner and records each forward pass's batch (and can fail once)."""
+
+    def __init__(self, runner, fail_once=False):
+        self.runner, self.batches, self.fail_once = runner, [], fail_once
+
+    def forward(self, batch):
+        self.batches.append([(len(b.tokens), b.output) for b in batch])
+        if self.fail_once:
+            self.fail_once = False
+            raise ForgeRuntimeError("injected failure")
+        return self.runner.forward(batch)
+
+    def forward_argmax(self, batch):
+        self.batches.append([(len(b.tokens), b.output) for b in batch])
+        return self.runner.forward_argmax(batch)
+
+
+def test_prefill_is_chunked_and_does_not_starve_decode(model, monkeypatch):
+    spy = _Spy(model.runner)
+    monkeypatch.setattr(model, "runner", spy)
+    long_prompt = list(np.random.default_rng(0).integers(3, model.n_vocab, 300))
+    sched = Scheduler(model, max_batch=4, prefill_chunk=64).start()
+    try:
+        _, q1, s1 = _submit(sched, model, PROMPTS[0], max_tokens=40, logit_bias=NO_EOS)
+        q1.get(timeout=10)  # the first sequence is decoding
+        spy.batches.clear()
+        _, q2, s2 = _submit(sched, model, long_prompt, max_tokens=4)
+        _drain(q1), _drain(q2)
+    finally:
+        sched.stop(5)
+    prefill_steps = [b for b in spy.batches if any(n > 1 for n, _ in b)]
+    assert len(prefill_steps) >= 300 // 64  # the long prompt took several steps
+    for b in prefill_steps:
+        assert sum(n for n, _ in b if n > 1) <= 64
+        assert (1, "last") in b  # the decoder ran alongside
+    assert s2.generated == model.complete(long_prompt, max_tokens=4, temperature=0).tokens
+
+
+def test_preemption_when_kv_runs_out_keeps_results(golden_dir):
+    small = _load(golden_dir, 96)  # 6 blocks of 16 positions for everyone
+    refs = [small.complete(p, max_tokens=50, temperature=0).tokens for p in PROMPTS[:3]]
+    sched = Scheduler(small, max_batch=3).start()
+    try:
+        subs = [_submit(sched, small, p, max_tokens=50) for p in PROMPTS[:3]]
+        for _, q, _ in subs:
+            _drain(q)
+    finally:
+        sched.stop(5)
+    assert sched.preemptions > 0
+    assert [s.generated for _, _, s in subs] == refs
+    assert small.allocator.usage == 0.0
+
+
+def test_cancel_frees_blocks(model):
+    sched = Scheduler(model, max_batch=2).start()
+    try:
+        handle, q, state = _submit(sched, model, PROMPTS[1], max_tokens=400, logit_bias=NO_EOS)
+        q.get(timeout=10)
+        assert model.allocator.usage > 0
+        handle.cancel()
+        _, fin = _drain(q)
+    finally:
+        sched.stop(5)
+    assert fin.finish_reason == "cancelled" and len(state.generated) < 400
+    assert model.allocator.usage == 0.0 and sched.stats()["cancelled"] == 1
+
+
+def test_queue_full_and_drain(model):
+    sched = Scheduler(model, max_batch=1, max_queue=2)  # not started: nothing leaves the queue
+    subs = [_submit(sched, model, p) for p in PROMPTS[:2]]
+    with pytest.raises(QueueFullError):
+        _submit(sched, model, PROMPTS[2])
+    assert sched.stats()["waiting"] == 2
+    sched.drain()
+    with pytest.raises(ShuttingDownError):
+        _submit(sched, model, PROMPTS[3])
+    sched.start()
+    assert sched.stop(30)  # accepted requests still complete
+    for _, q, state in subs:
+        assert _drain(q)[1].finish_reason == "length" and len(state.generated) == 20
+
+
+def test_failed_forward_ends_its_batch_and_keeps_serving(model, monkeypatch):
+    monkeypatch.setattr(model, "runner", _Spy(model.runner, fail_once=True))
+    sched = Scheduler(model).start()
+    try:
+        _, q, _ = _submit(sched, model, PROMPTS[0], temperature=0.5)
+        _, fin = _drain(q)
+        assert fin.finish_reason == "error" and "injected failure" in fin.error
+        _, q, state = _submit(sched, model, PROMPTS[0], temperature=0.5, seed=1)
+        assert _drain(q)[1].finish_reason == "length" and len(state.generated) == 20
+    finally:
+        sched.stop(5)
+    assert model.allocator.usage == 0.0
+
+
+def test_callback_from_many_threads(model):
+    """submit() and cancel() from several threads at once lose no request."""
+    sched = Scheduler(model, max_batch=4, max_queue=64).start()
+    results, lock = [], threading.Lock()
+
+    def client(i):
+        _, q, _ = _submit(sched, model, PROMPTS[i % 8], max_tokens=5)
+        with lock:
+            results.append(_drain(q)[1].finish_reason)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    sched.stop(5)
+    assert sorted(results) == ["length"] * 16
