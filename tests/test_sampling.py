@@ -193,14 +193,16 @@ def test_top_k_larger_than_vocab_and_all_masked_but_one():
 
 
 @pytest.mark.parametrize("k", [1, 40, 1000, 100000])
-@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending", "few_values"])
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending", "few_values", "sampled_bans"])
 def test_top_k_on_full_vocab_matches_reference(k, kind):
-    if kind == "ascending":  # sorted by id: the strided subsample is maximally unrepresentative
+    if kind == "ascending":  # values sorted by id
         x = np.linspace(-10, 10, VOCAB, dtype=np.float32)
     elif kind == "few_values":  # huge ties
         x = np.random.default_rng(k).integers(0, 5, VOCAB).astype(np.float32)
     else:
-        x = (flat_logits if kind == "flat" else peaked_logits)(VOCAB, seed=k)
+        x = (flat_logits if kind != "peaked" else peaked_logits)(VOCAB, seed=k)
+    if kind == "sampled_bans":  # the subsample that guesses the threshold sees only -inf
+        x[select._sample_ids(VOCAB)] = -np.inf
     out = run_stage(stages.TopK(k), x)
     kept = np.isfinite(out)
     np.testing.assert_array_equal(kept, ref_top_k(x, k))
@@ -227,14 +229,16 @@ def test_top_p_ties_all_masked_but_one_and_off():
 
 
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
-@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending", "strided_bans"])
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ascending", "strided_bans", "sampled_bans"])
 def test_top_p_on_full_vocab_matches_reference(p, kind):
     if kind == "ascending":
         x = np.linspace(-3, 3, VOCAB, dtype=np.float32)
     else:
         x = (flat_logits if kind != "peaked" else peaked_logits)(VOCAB, seed=int(p * 1000))
-    if kind == "strided_bans":  # every subsampled value is masked, the rest are not
+    if kind == "strided_bans":
         x[:: select.STRIDE] = -np.inf
+    if kind == "sampled_bans":  # the subsample that brackets the threshold sees only -inf
+        x[select._sample_ids(VOCAB)] = -np.inf
     out = run_stage(stages.TopP(p), x)
     kept = np.isfinite(out)
     assert_nucleus(kept, x, p)

@@ -2,21 +2,37 @@
 
 Each threshold helper works on logit values and returns a threshold ``t``; the stage then keeps
 the logits ``>= t``, which keeps ties with the last admitted token and so does not depend on
-any sort order. Large inputs are narrowed with a strided subsample first, so that only a few
+any sort order. Large inputs are narrowed with a subsample first, so that only a few
 thousand values are ever sorted or partitioned.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
 NEG_INF = np.float32(-np.inf)
 SMALL = 4096  # at most this many values are sorted outright
-STRIDE = 64  # subsample every STRIDE-th value to guess thresholds
+STRIDE = 64  # thresholds are guessed from a subsample of one value in STRIDE
 HEAD = 256  # nucleus_threshold first looks among this many highest values
 BLOCK = 512  # block length for two-level cumulative sums
+
+
+@lru_cache(maxsize=8)
+def _sample_ids(n: int) -> np.ndarray:
+    # Fixed pseudo-random positions: unlike a plain stride, no layout of the vocabulary (sorted
+    # ids, bans every k-th token) makes the subsample unrepresentative.
+    ids = np.random.default_rng(n).choice(n, n // STRIDE, replace=False)
+    ids.sort()
+    ids.flags.writeable = False
+    return ids
+
+
+def subsample(values: np.ndarray) -> np.ndarray:
+    """About one value in STRIDE, at fixed pseudo-random positions."""
+    return values[_sample_ids(values.size)]
 
 
 def survivors(logits: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
@@ -48,12 +64,12 @@ def keep_at_least(
 def kth_largest(values: np.ndarray, k: int) -> float:
     """The k-th largest value (1-based), for ``1 <= k <= values.size``.
 
-    A strided subsample gives a guess ``g`` low enough that ``values >= g`` very likely holds
+    A subsample gives a guess ``g`` low enough that ``values >= g`` very likely holds
     at least k values; if so the answer is among those few, else one full partition runs.
     """
     n = values.size
     if n > SMALL and k * 4 < n // STRIDE:
-        sample = values[::STRIDE]
+        sample = subsample(values)
         rank = min(sample.size, (k * 4) // STRIDE + 8)  # about 4k values expected above g
         guess = np.partition(sample, sample.size - rank)[sample.size - rank]
         head = values[values >= guess]
@@ -89,7 +105,7 @@ def nucleus_threshold(values: np.ndarray, p: float) -> float:
     head_mass = mass(head)
     if head_mass >= need:
         return _sorted_cut(values[head], weights[head], need)
-    sample = values[::STRIDE]
+    sample = subsample(values)
     sample = sample[(sample < h) & (sample > NEG_INF)]
     hi, lo = _bracket_guess(sample, top, (need - head_mass) / (total - head_mass), h)
     if mass(values > hi) >= need:
