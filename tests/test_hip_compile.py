@@ -146,3 +146,22 @@ def test_nvcc_compiles_inlined_source_for_sm90(source, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _nvrtc_usable() -> bool:
+    try:
+        from forge_hip.runtime import nvidia
+
+        nvidia.compiler_version()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC (libnvrtc from CUDA) not installed")
+@pytest.mark.parametrize("source", SOURCES)
+def test_nvrtc_compiles_inlined_source(source):
+    from forge_hip.runtime import nvidia
+
+    cubin = nvidia.compile_source(load_source(source), source, "sm_90")
+    assert cubin[:4] == b"\x7fELF"
