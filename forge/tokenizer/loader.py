@@ -34,7 +34,7 @@ def tokenizer_from_metadata(metadata: dict[str, Any]) -> Tokenizer:
     model = metadata.get(_KEY + "model")
     if model is None:
         raise ModelError("the model has no tokenizer: metadata key tokenizer.ggml.model is missing")
-    if model not in ("llama", "gpt2"):
+    if not isinstance(model, str) or model not in ("llama", "gpt2"):
         raise UnsupportedModelError(
             f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
             "forge supports 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)"
