@@ -82,12 +82,13 @@ def nucleus_threshold(values: np.ndarray, p: float) -> float:
     """The largest value ``t`` whose entries ``>= t`` hold at least ``p`` of the softmax mass.
 
     The HEAD highest values are checked first (a confident model's nucleus fits there). Else a
-    subsample of the rest brackets ``t`` between ``lo`` and ``hi`` (mass above ``hi`` < target
-    <= mass from ``lo``, checked on the full array); bisection narrows the bracket while it
-    holds more than SMALL values, and the band is sorted.
+    subsample of the rest brackets ``lo <= t < hi`` (mass from ``hi`` < target <= mass from
+    ``lo``, checked on the full array); bisection narrows the bracket while it holds more than
+    SMALL values, and the band is sorted.
     """
     top = np.float32(values.max())
-    weights = np.exp(values - top)
+    weights = values - top
+    np.exp(weights, out=weights)
     total = float(weights.sum(dtype=np.float64))
     need = p * total
     if values.size <= SMALL:
@@ -108,20 +109,22 @@ def nucleus_threshold(values: np.ndarray, p: float) -> float:
     sample = subsample(values)
     sample = sample[(sample < h) & (sample > NEG_INF)]
     hi, lo = _bracket_guess(sample, top, (need - head_mass) / (total - head_mass), h)
-    if mass(values > hi) >= need:
-        hi = h
+    above = mass(values >= hi)  # invariant: above (mass from hi) < need <= mass from lo
+    if above >= need:
+        hi, above = h, head_mass
     if mass(values >= lo) < need:  # the guess missed: fall back to the smallest finite value
         lo = float(np.min(values, where=values > NEG_INF, initial=top))
     while True:
-        band = (values >= lo) & (values <= hi)
+        band = (values >= lo) & (values < hi)
         mid = float(np.float32((lo + hi) / 2))
         if np.count_nonzero(band) <= SMALL or mid in (lo, hi):
             break
-        if mass(values >= mid) >= need:
+        from_mid = mass(values >= mid)
+        if from_mid >= need:
             lo = mid
         else:
-            hi = mid
-    return _sorted_cut(values[band], weights[band], need - mass(values > hi))
+            hi, above = mid, from_mid
+    return _sorted_cut(values[band], weights[band], need - above)
 
 
 def _bracket_guess(
