@@ -8,6 +8,7 @@ GIL inside its loops, so the threads run on all cores.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,20 +28,25 @@ DECODERS: dict[str, Decoder] = {
     "Q5_K": kquants.decode_q5_k, "Q6_K": kquants.decode_q6_k,
 }  # fmt: skip
 
-CHUNK_WEIGHTS = 1 << 16  # weights per decoder call
-PARALLEL_MIN_WEIGHTS = 1 << 20  # smaller tensors are not worth a thread hand-off
+CHUNK_WEIGHTS = 1 << 18  # weights per decoder call: temporaries of ~1-3 MB, about an L2
+PARALLEL_MIN_WEIGHTS = 2 * CHUNK_WEIGHTS  # one chunk is not worth a thread hand-off
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _threads() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
 
 
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="forge-dequant")
-    return _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="forge-dequant")
+        return _pool
 
 
 def _decoder(type_name: str) -> tuple[Decoder, int, int]:
