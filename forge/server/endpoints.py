@@ -23,8 +23,6 @@ from forge.server.errors import APIError, bad_request, check
 from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
 
-POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
-
 
 def _check_common(service: Service, body: SamplingFields) -> None:
     if body.model is not None and body.model != service.id:
@@ -63,21 +61,26 @@ def _finish_reason(done: Finished) -> str:
 
 
 async def _collect(gen: Generation, request: Request) -> list[TokenEvent]:
-    """Every event of a non-streaming request; cancels it if the client disconnects."""
+    """Every event of a non-streaming request; cancels it as soon as the client disconnects."""
+
+    async def watch() -> None:
+        # the body is read, so the next ASGI message is the disconnect (if it ever comes)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gen.cancel()
+
+    watcher = asyncio.create_task(watch())
     events = []
     try:
         while True:
-            try:
-                message = await gen.next(POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    gen.cancel()
-                    raise APIError(499, "client disconnected") from None
-                continue
+            message = await gen.next()
             if isinstance(message, Finished):
+                if message.finish_reason == "cancelled":
+                    raise APIError(499, "client disconnected")
                 return events
             events.append(message)
     finally:
+        watcher.cancel()
         gen.cancel()  # no-op once finished
 
 
@@ -166,9 +169,17 @@ def _completion_logprobs(service: Service, events: list[TokenEvent]) -> dict:
     return {
         "tokens": tokens,
         "token_logprobs": [e.logprob for e in events],
-        "top_logprobs": [{service.token_text(t): lp for t, lp in e.top_logprobs} for e in events],
+        "top_logprobs": [_top_by_text(service, e) for e in events],
         "text_offset": offsets,
     }
+
+
+def _top_by_text(service: Service, e: TokenEvent) -> dict[str, float]:
+    """{token text: logprob}, best first; tokens sharing a text (byte pieces) keep the best."""
+    top: dict[str, float] = {}
+    for t, lp in e.top_logprobs:
+        top.setdefault(service.token_text(t), lp)
+    return top
 
 
 # -- /v1/chat/completions ----------------------------------------------------------------------
