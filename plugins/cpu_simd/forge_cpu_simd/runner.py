@@ -34,9 +34,21 @@ class _Linear:
         return np.split(y, self.split, axis=-1) if self.split else y
 
 
+ELEMENTWISE_OPS = ("rms_norm", "rope", "attention", "silu", "gelu_tanh")
+
+
+class _Ops:
+    """The winning kernel of each non-matmul op, as attributes (self.ops.rms_norm(...))."""
+
+    def __init__(self, kernels: KernelTable):
+        for op in ELEMENTWISE_OPS:
+            setattr(self, op, kernels.require(BACKEND, op).impl)
+
+
 class CpuRunner(Runner):
     def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None):
         self.spec, self.gguf, self.kernels = spec, gguf, kernels
+        self.ops = _Ops(kernels)
         total = spec.n_layer + 1
         self.layers = []
         for i in range(spec.n_layer):
@@ -166,16 +178,16 @@ class CpuRunner(Runner):
         """One transformer block; returns the new hidden state of the rows in `queries`."""
         s = self.spec
         n = x.shape[0]
-        h = ops.rms_norm(x, layer["attn_norm"], s.rms_eps)
+        h = self.ops.rms_norm(x, layer["attn_norm"], s.rms_eps)
         q, k, v = layer["qkv"](h)
         q = q.reshape(n, s.n_head, s.head_dim)
         k = k.reshape(n, s.n_head_kv, s.head_dim)
         v = v.reshape(n, s.n_head_kv, s.head_dim_v)
         if s.qk_norm:
-            q = ops.rms_norm(q, layer["q_norm"], s.rms_eps)
-            k = ops.rms_norm(k, layer["k_norm"], s.rms_eps)
-        ops.rope(q, *rope_cs, s.rope_neox)
-        ops.rope(k, *rope_cs, s.rope_neox)
+            q = self.ops.rms_norm(q, layer["q_norm"], s.rms_eps)
+            k = self.ops.rms_norm(k, layer["k_norm"], s.rms_eps)
+        self.ops.rope(q, *rope_cs, s.rope_neox)
+        self.ops.rope(k, *rope_cs, s.rope_neox)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kept = np.concatenate(queries).astype(np.int64)
         attn = np.empty((kept.size, s.n_head, s.head_dim_v), np.float32)
@@ -188,7 +200,7 @@ class CpuRunner(Runner):
             if sel.size == 0:
                 continue
             past = self._slots(b, 0, b.start + len(b.tokens))
-            attn[at : at + sel.size] = ops.attention(
+            attn[at : at + sel.size] = self.ops.attention(
                 q[sel], kc[past], vc[past], pos[sel], s.attn_scale, lspec.sliding_window
             )
             at += sel.size
@@ -197,20 +209,20 @@ class CpuRunner(Runner):
         x = x[kept] if kept.size != n else x
         o = layer["wo"](attn.reshape(kept.size, -1))
         if s.post_norms:
-            o = ops.rms_norm(o, layer["post_attn"], s.rms_eps)
+            o = self.ops.rms_norm(o, layer["post_attn"], s.rms_eps)
         x = x + o
-        h = ops.rms_norm(x, layer["ffn_norm"], s.rms_eps)
+        h = self.ops.rms_norm(x, layer["ffn_norm"], s.rms_eps)
         gate, up = layer["gate_up"](h)
-        d = layer["down"](ops.ACTIVATIONS[s.activation](gate) * up)
+        d = layer["down"](getattr(self.ops, s.activation)(gate) * up)
         if s.post_norms:
-            d = ops.rms_norm(d, layer["post_ffn"], s.rms_eps)
+            d = self.ops.rms_norm(d, layer["post_ffn"], s.rms_eps)
         return x + d
 
     def _logits(self, x, batch, rows) -> list[np.ndarray | None]:
         """Logits of the output rows; `x` holds exactly those rows, in order."""
         if x.shape[0] == 0:
             return [None] * len(batch)
-        logits = self.output(ops.rms_norm(x, self.output_norm, self.spec.rms_eps))
+        logits = self.output(self.ops.rms_norm(x, self.output_norm, self.spec.rms_eps))
         out, at = [], 0
         for b, r in zip(batch, rows):
             out.append(None if b.output == "none" else logits[at : at + len(r)])
