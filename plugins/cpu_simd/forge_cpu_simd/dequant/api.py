@@ -157,7 +157,7 @@ def iter_row_chunks(
     """
     if rows_per_chunk <= 0:
         raise UsageError(f"rows_per_chunk must be positive, got {rows_per_chunk}")
-    decoder_check = _decoder(type_name)
-    _check_raw(raw, type_name, row_len, *decoder_check[1:])
+    _, block, block_bytes = _decoder(type_name)
+    _check_raw(raw, type_name, row_len, block, block_bytes)
     for start in range(0, raw.shape[0], rows_per_chunk):
         yield start, dequantize(raw[start : start + rows_per_chunk], type_name, row_len, **kwargs)
