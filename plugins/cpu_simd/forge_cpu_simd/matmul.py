@@ -17,8 +17,6 @@ from forge.gguf import TensorInfo
 from forge_cpu_simd.act_round import activation_rounding
 from forge_cpu_simd.dequant import dequantize
 
-CHUNK_ROWS = 16384  # rows dequantized per step: bounds the temporaries of the K-quant decoders
-
 
 class DenseWeight:
     """A weight dequantized to float32 [out, in], and how to round activations for it."""
@@ -35,10 +33,8 @@ class DenseMatmul:
     """y = x @ W.T with W held as float32 [out, in]."""
 
     def prepare(self, raw: np.ndarray, info: TensorInfo) -> DenseWeight:
-        row_len = info.shape[0]
-        out = np.empty((raw.shape[0], row_len), dtype=np.float32)
-        for lo in range(0, raw.shape[0], CHUNK_ROWS):
-            out[lo : lo + CHUNK_ROWS] = dequantize(raw[lo : lo + CHUNK_ROWS], info.type, row_len)
+        out = np.empty((raw.shape[0], info.shape[0]), dtype=np.float32)
+        dequantize(raw, info.type, info.shape[0], out=out)  # chunked inside: no big temporary
         return DenseWeight(out, activation_rounding(info.type))
 
     def fuse(self, parts: list[DenseWeight]) -> DenseWeight | None:
