@@ -51,7 +51,7 @@ def from_forge_error(err: ForgeError) -> APIError:
     if isinstance(err, ShuttingDownError):
         return APIError(503, str(err), "server_error", code="shutting_down")
     if isinstance(err, ContextOverflowError):
-        return APIError(400, str(err), param="messages", code="context_length_exceeded")
+        return APIError(400, str(err), code="context_length_exceeded")
     if isinstance(err, ConfigError):
         fields = getattr(err, "fields", None) or [None]
         return APIError(400, str(err), param=fields[0], code="invalid_value")

@@ -1,0 +1,168 @@
+"""Load test of `forge serve`: aggregate generated tokens/s and time to first token (p50/p95) at
+several numbers of concurrent streaming clients.
+
+Starts `forge serve` on a free loopback port (or uses --url, which must be a loopback address),
+then for each concurrency level runs a bounded number of streaming /v1/completions requests
+(--requests-per-stream per client, and at most --time-limit seconds per level). Prints JSON, then
+a short table.
+
+    python benchmarks/load_server.py                     # the default model, 1, 8 and 32 streams
+    python benchmarks/load_server.py --model x.gguf --levels 1 4 --max-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import httpx
+
+WORDS = (
+    "river castle engine garden winter violin harbor desert planet lantern forest mirror".split()
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_loopback(url: str) -> None:
+    host = urlparse(url).hostname or ""
+    if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+        sys.exit(f"refusing to load-test a non-loopback address: {host}")
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "forge", "serve", "--port", str(port), "--max-batch",
+           str(max(args.levels)), "--max-queue", "1024", "--n-ctx", str(args.n_ctx)]  # fmt: skip
+    if args.model:
+        cmd.insert(4, args.model)
+    if args.backend:
+        cmd += ["--backend", args.backend]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ))  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit("forge serve exited during startup")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.terminate()
+    sys.exit("forge serve was not ready within 300 s")
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - t0
+    return {"ttft": ttft if ttft is not None else time.perf_counter() - t0, "tokens": tokens}
+
+
+async def run_level(url: str, streams: int, args) -> dict:
+    deadline = time.monotonic() + args.time_limit
+    results: list[dict] = []
+
+    async def client_loop(i: int, client: httpx.AsyncClient) -> None:
+        for k in range(args.requests_per_stream):
+            if time.monotonic() > deadline:
+                return
+            words = " ".join(WORDS[(i + k + j) % len(WORDS)] for j in range(6))
+            prompt = f"Client {i} request {k}: write a story about {words}."
+            results.append(await one_request(client, url, prompt, args.max_tokens))
+
+    limits = httpx.Limits(max_connections=streams + 4)
+    async with httpx.AsyncClient(timeout=args.time_limit + 600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(i, client) for i in range(streams)))
+        wall = time.perf_counter() - t0
+    ttfts = sorted(r["ttft"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "streams": streams,
+        "requests": len(results),
+        "generated_tokens": tokens,
+        "seconds": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 2) if wall > 0 else 0.0,
+        "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
+        "ttft_p95_s": round(_percentile(ttfts, 0.95), 3) if ttfts else None,
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    at = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[at]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="GGUF file (default: forge's default model)")
+    p.add_argument("--url", help="an already running loopback server instead of starting one")
+    p.add_argument("--backend", help="backend for the started server")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
+    p.add_argument("--requests-per-stream", type=int, default=2)
+    p.add_argument("--time-limit", type=float, default=180.0, help="seconds per level at most")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context (the KV pool) of the server")
+    args = p.parse_args()
+    proc = None
+    if args.url:
+        _check_loopback(args.url)
+        url = args.url.rstrip("/")
+    else:
+        proc, url = start_server(args)
+    try:
+        asyncio.run(
+            run_level(
+                url,
+                1,
+                argparse.Namespace(**{**vars(args), "max_tokens": 4, "requests_per_stream": 1}),
+            )
+        )  # warm-up
+        levels = [asyncio.run(run_level(url, n, args)) for n in args.levels]
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    base = levels[0]["tokens_per_s"] or 1.0
+    for level in levels:
+        level["speedup_vs_first"] = round(level["tokens_per_s"] / base, 2)
+    print(json.dumps({"max_tokens": args.max_tokens, "levels": levels}, indent=2))
+    print(f"\n{'streams':>7} {'requests':>8} {'tokens':>7} {'tok/s':>8} {'x':>6} "
+          f"{'ttft p50':>9} {'ttft p95':>9}")  # fmt: skip
+    for lv in levels:
+        print(f"{lv['streams']:>7} {lv['requests']:>8} {lv['generated_tokens']:>7} "
+              f"{lv['tokens_per_s']:>8.2f} {lv['speedup_vs_first']:>6.2f} "
+              f"{lv['ttft_p50_s']:>8.3f}s {lv['ttft_p95_s']:>8.3f}s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
