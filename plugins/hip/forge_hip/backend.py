@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from forge.backend import Backend, Runner
 from forge.devices import BackendProbe
-from forge.errors import ForgeRuntimeError
 from forge_hip.probe import probe_amd, probe_nvidia
 
 if TYPE_CHECKING:
@@ -45,9 +45,21 @@ class HipBackend(Backend):
         return BackendProbe(False, reason, unsupported, 0, details)
 
     def open_runner(
-        self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *, device: int = 0
+        self,
+        spec: ModelSpec,
+        gguf: GGUFFile,
+        kernels: KernelTable,
+        *,
+        device: int = 0,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Runner:
-        raise ForgeRuntimeError(
-            "the hip backend cannot run models yet: its kernels and device runtimes exist, "
-            "the GPU model runner (weights arena, KV cache, graph-captured decode) does not"
-        )
+        """Place the model on GPU `device` (raises OutOfMemoryError with the numbers, having
+        freed what it took, when it does not fit)."""
+        from forge_hip.runner import HipRunner
+
+        return HipRunner(spec, gguf, kernels, device=device, progress=progress)
+
+    def memory_needed(self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
+        from forge_hip.runner import memory_needed
+
+        return memory_needed(spec, gguf, n_ctx)

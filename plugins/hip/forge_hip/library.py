@@ -5,6 +5,8 @@ Signature letters (see runtime.base): p pointer, i int32, u uint32, q int64, f f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from forge.errors import UsageError
 from forge_hip.runtime.base import Kernel, Runtime
 from forge_hip.sources import load_source
@@ -31,7 +33,60 @@ KERNELS: dict[str, tuple[str, str]] = {
     "kv_store": ("attention.hip", "pppppi"),
     "attn_decode_partial": ("attention.hip", "pppppppiiifi"),
     "attn_decode_combine": ("attention.hip", "pppii"),
+    "mv_multi": ("linear.hip", "pi"),
+    "mv_glu": ("linear.hip", "pii"),
+    "mm_tiled": ("linear.hip", "pii"),
+    "add_norm": ("layer.hip", "pppppif"),
+    "qk_rope_store": ("layer.hip", "pppppppppiiiiiifffi"),
+    "attn_partial": ("layer.hip", "ppppppppiiiifii"),
+    "attn_combine": ("layer.hip", "pppii"),
+    "gather_rows": ("layer.hip", "pppi"),
+    "add_bias": ("layer.hip", "ppi"),
+    "act_round": ("layer.hip", "ppii"),
 }
+
+# Type ids of linear.hip's descriptors (its T_* defines), in FORGE_WEIGHT_TYPES order.
+TYPE_IDS = {name: i for i, name in enumerate(TYPE_SUFFIX)}
+
+# act_round's mode per weight type: how llama.cpp rounds the activations it multiplies by them.
+ROUND_MODE = {"F32": 0, "F16": 3, "BF16": 4, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1,
+              "Q8_0": 1, "Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HipKernel:
+    """A kernel registered through `forge_register_kernels` for backend "hip": which function of
+    which source, with its argument signature. `directory` (None: forge's kernels/) lets a third
+    party ship its own source. A "matmul" kernel other than the built-in one must follow
+    matvec.hip's contract: (W, x, y, K, N) with signature "pppii", y[b, n] = x[b] . W[n],
+    block = 4 warps, grid = (ceil(N / 4), rows)."""
+
+    source: str
+    function: str
+    signature: str
+    directory: str | None = None
+
+
+# The built-in matmul: multi-matrix descriptor kernels of linear.hip (mv_multi, mv_glu, mm_tiled).
+BUILTIN_MATMUL = HipKernel("linear.hip", "mv_multi", "pi")
+
+# op -> built-in kernel, for the ops that take no weights.
+BUILTIN_OPS = {
+    name: HipKernel(KERNELS[name][0], name, KERNELS[name][1])
+    for name in ("add_norm", "qk_rope_store", "attn_partial", "attn_combine", "gather_rows",
+                 "add_bias", "act_round", "argmax", "geglu", "swiglu")
+}  # fmt: skip
+
+
+def register_builtin(register) -> None:  # noqa: ANN001
+    """Register the built-in hip kernels with a `forge_register_kernels` `register` callable."""
+    for type_name, suffix in TYPE_SUFFIX.items():
+        register("hip", "matmul", type_name, BUILTIN_MATMUL)
+        embed = f"embed_{suffix}"
+        register("hip", "embed", type_name, HipKernel(KERNELS[embed][0], embed, KERNELS[embed][1]))
+    for op, kernel in BUILTIN_OPS.items():
+        register("hip", op, "*", kernel)
+
 
 ATT_THREADS = 128  # attention.hip's ATT_THREADS: attn_decode_partial's block size
 ATT_MAX_D = 512  # attention.hip's ATT_MAX_D: largest head dimension
@@ -44,6 +99,19 @@ class KernelLibrary:
         self.runtime = runtime
         self._modules: dict[str, object] = {}
         self._kernels: dict[str, Kernel] = {}
+
+    def resolve(self, desc: HipKernel) -> Kernel:
+        """The loaded kernel a registered descriptor names (compiled on first use)."""
+        key = f"{desc.directory or ''}:{desc.source}:{desc.function}"
+        if key in self._kernels:
+            return self._kernels[key]
+        mod_key = f"{desc.directory or ''}:{desc.source}"
+        if mod_key not in self._modules:
+            binary = self.runtime.compile(load_source(desc.source, desc.directory), desc.source)
+            self._modules[mod_key] = self.runtime.load(binary)
+        kernel = self.runtime.function(self._modules[mod_key], desc.function, desc.signature)
+        self._kernels[key] = kernel
+        return kernel
 
     def get(self, name: str) -> Kernel:
         if name in self._kernels:

@@ -11,3 +11,10 @@ FORGE_HOOK_API = 1
 @hookimpl
 def forge_register_backends(register) -> None:
     register(HipBackend)
+
+
+@hookimpl
+def forge_register_kernels(register) -> None:
+    from forge_hip.library import register_builtin
+
+    register_builtin(register)

@@ -155,6 +155,9 @@ class HipRuntime(Runtime):
                 "hipMemsetAsync",
             )
 
+    def free_memory(self) -> int:
+        return int(check(self._hip.hipMemGetInfo(), "hipMemGetInfo")[0])
+
     def stream(self):
         return check(self._hip.hipStreamCreate(), "hipStreamCreate")
 

@@ -127,6 +127,10 @@ class Runtime(ABC):
     def memset(self, dst: DeviceBuffer | int, byte: int, nbytes: int, stream: Any = None) -> None:
         """Fill `nbytes` with one byte value."""
 
+    @abstractmethod
+    def free_memory(self) -> int:
+        """Bytes of device memory free now."""
+
     # streams and events
     @abstractmethod
     def stream(self) -> Any:

@@ -157,6 +157,9 @@ class CudaRuntime(Runtime):
         if stream is None:
             self.synchronize()
 
+    def free_memory(self) -> int:
+        return int(check(self._drv.cuMemGetInfo(), "cuMemGetInfo")[0])
+
     def stream(self):
         flags = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
         return check(self._drv.cuStreamCreate(flags), "cuStreamCreate")

@@ -1,0 +1,120 @@
+"""The weights arena: every weight of a model in ONE device allocation, and the memory preflight.
+
+Matrices are uploaded as their raw GGML blocks (the kernels decode them in place); vectors (norm
+weights, biases) are widened to float32 on the host first, since the kernels read them as floats.
+Every tensor starts on a 256-byte boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from forge.errors import OutOfMemoryError
+from forge.gguf import GGUFFile
+from forge.models.spec import ModelSpec
+from forge_hip.runtime.base import DeviceBuffer, Runtime
+
+ALIGN = 256
+MARGIN_MIN = 256 << 20  # keep at least this much device memory free ...
+MARGIN_FRACTION = 0.04  # ... or this share of the device, whichever is larger
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def is_vector(name: str) -> bool:
+    """Norm weights and biases: 1-D tensors the kernels read as float32."""
+    return name.endswith(".bias") or "norm" in name.rsplit(".", 2)[-2]
+
+
+def vector_f32(gguf: GGUFFile, name: str) -> np.ndarray:
+    """A 1-D tensor as float32 (F32/F16/BF16 directly, other types through gguf's dequantizer)."""
+    info = gguf.tensors[name]
+    raw = gguf.raw(name).reshape(-1)
+    if info.type == "F32":
+        return raw.view(np.float32).copy()
+    if info.type == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    if info.type == "BF16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(raw, GGMLQuantizationType[info.type]).astype(np.float32).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where one weight lives in the arena."""
+
+    ptr: int
+    type: str  # GGML type as stored ("F32" for widened vectors)
+    k: int  # row length (elements)
+    n: int  # rows
+    row_bytes: int
+
+
+def layout(spec: ModelSpec, gguf: GGUFFile) -> tuple[dict[str, int], int]:
+    """Offsets of every weight in the arena and its total size."""
+    offsets, at = {}, 0
+    for name in spec.weight_names():
+        info = gguf.tensors[name]
+        size = info.n_elements * 4 if is_vector(name) else info.nbytes
+        offsets[name] = at
+        at += align(size)
+    return offsets, at
+
+
+def preflight(rt: Runtime, need: dict[str, int]) -> None:
+    """Raise OutOfMemoryError, with the numbers, when `need` does not fit the free memory."""
+    free = rt.free_memory()
+    margin = max(MARGIN_MIN, int(MARGIN_FRACTION * rt.props.memory_total))
+    total = sum(need.values())
+    if total + margin > free:
+        parts = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in need.items())
+        raise OutOfMemoryError(
+            f"the model needs {total / 2**20:.0f} MiB on {rt.props.name} ({parts}) plus a "
+            f"{margin / 2**20:.0f} MiB safety margin, but only {free / 2**20:.0f} MiB are free"
+        )
+
+
+class WeightArena:
+    """Uploads a model's weights into one allocation; `placed[name]` says where each one is."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        spec: ModelSpec,
+        gguf: GGUFFile,
+        progress: Callable[[int, int], None] | None = None,
+    ):
+        self.rt = rt
+        offsets, self.nbytes = layout(spec, gguf)
+        self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
+        self.placed: dict[str, Placed] = {}
+        try:
+            for i, (name, off) in enumerate(offsets.items()):
+                info = gguf.tensors[name]
+                ptr = self.buffer.ptr + off
+                if is_vector(name):
+                    data = vector_f32(gguf, name)
+                    self.placed[name] = Placed(ptr, "F32", data.size, 1, data.size * 4)
+                else:
+                    data = gguf.raw(name)
+                    rows = data.shape[0]
+                    self.placed[name] = Placed(ptr, info.type, info.shape[0], rows, data.shape[1])
+                rt.copy_to_device(ptr, data)
+                if progress:
+                    progress(i + 1, len(offsets))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.rt.free(self.buffer)
+            self.buffer = None

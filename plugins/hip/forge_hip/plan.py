@@ -1,0 +1,177 @@
+"""The launch plan of one forward pass: which kernels run, in which order, over which buffers.
+
+Every matrix product goes through a descriptor (linear.hip) held in device memory, so Q/K/V and
+gate/up run as one launch each even when their weight types differ. Per layer and step:
+  qkv matmul, qk-norm + RoPE + KV store, attention (partial, combine), output projection,
+  add + norm, gate/up matmul with the activation fused (decode), down projection, add + norm.
+Kernels come from the kernel table: a third-party "matmul" kernel for a weight type replaces the
+fused descriptor launches for the matrices of that type (see `forge_hip.library.HipKernel`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from forge.kernels import KernelTable
+from forge.models.spec import ModelSpec
+from forge_hip.arena import Placed, WeightArena
+from forge_hip.executor import Launcher
+from forge_hip.library import BUILTIN_MATMUL, BUILTIN_OPS, ROUND_MODE, TYPE_IDS, KernelLibrary
+from forge_hip.workspace import Workspace
+
+MV_MAX_ROWS = 8  # up to this many rows a matmul runs as matrix-vector products
+MV_WARPS = 4  # linear.hip's MV_WARPS
+ATT_THREADS = 128
+NORM_THREADS = 256
+
+
+class Plan:
+    """Resolves the kernels of a model and enqueues the launches of a forward pass."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        kernels: KernelTable,
+        lib: KernelLibrary,
+        arena: WeightArena,
+        ws: Workspace,
+        launch: Launcher,
+        warp: int,
+    ):
+        self.spec, self.lib, self.arena, self.ws, self.launch = spec, lib, arena, ws, launch
+        self.warp = warp
+        self.round_prefill = True  # prefill products round activations like llama.cpp's
+        w = arena.placed
+        embd = w["token_embd.weight"]
+        self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
+        self.op = {op: lib.resolve(kernels.require("hip", op).impl) for op in BUILTIN_OPS}
+        self.mv_multi, self.mv_glu = lib.get("mv_multi"), lib.get("mv_glu")
+        self.mm_tiled = lib.get("mm_tiled")
+        self.descs: list[list[int]] = []
+        self.mats: list[tuple[Placed, object]] = []  # per descriptor: weight, its matmul impl
+        self.layers = []
+        for i in range(spec.n_layer):
+            p = f"blk.{i}."
+            bias = {x: w[f"{p}attn_{x}.bias"].ptr if spec.qkv_bias else 0 for x in "qkv"}
+            layer = {
+                "qkv": self._add([(p + "attn_q.weight", ws.h, ws.q, bias["q"]),
+                                  (p + "attn_k.weight", ws.h, ws.k, bias["k"]),
+                                  (p + "attn_v.weight", ws.h, ws.v, bias["v"])], kernels),
+                "wo": self._add([(p + "attn_output.weight", ws.attn, ws.o, 0)], kernels),
+                "gate_up": self._add([(p + "ffn_gate.weight", ws.h, ws.g, 0),
+                                      (p + "ffn_up.weight", ws.h, ws.u, 0)], kernels),
+                "down": self._add([(p + "ffn_down.weight", ws.g, ws.o, 0)], kernels),
+                "attn_norm": w[p + "attn_norm.weight"].ptr,
+                "ffn_norm": w[p + "ffn_norm.weight"].ptr,
+            }  # fmt: skip
+            for key, stem in (
+                ("q_norm", "attn_q_norm"),
+                ("k_norm", "attn_k_norm"),
+                ("post_attn", "post_attention_norm"),
+                ("post_ffn", "post_ffw_norm"),
+            ):
+                layer[key] = w[p + stem + ".weight"].ptr if p + stem + ".weight" in w else 0
+            self.layers.append(layer)  # fmt: skip
+        out = "token_embd.weight" if spec.tied_output else "output.weight"
+        self.out_h = self._add([(out, ws.h, ws.logits, 0)], kernels)
+        self.out_g = self._add([(out, ws.hg, ws.logits, 0)], kernels)
+        self.embd = embd
+        self.output_norm = w["output_norm.weight"].ptr
+        table = np.asarray(self.descs, dtype=np.int64)
+        lib.runtime.copy_to_device(ws.descs, table)
+        # Prefill products read activations rounded like llama.cpp's (golden-close logits).
+        for row, (p, _) in zip(table, self.mats):
+            mode = ROUND_MODE[p.type]
+            row[1] = ws.ptr[f"r{mode}"] if mode else row[1]
+        lib.runtime.copy_to_device(ws.descs_p, table)
+
+    def _add(self, mats: list[tuple[str, int, int, int]], kernels: KernelTable) -> int:
+        first = len(self.descs)
+        for name, x, y, bias in mats:
+            p = self.arena.placed[name]
+            impl = kernels.require("hip", "matmul", p.type).impl
+            self.descs.append([p.ptr, x, y, bias, TYPE_IDS[p.type], p.k, p.n, p.row_bytes])
+            self.mats.append((p, impl))
+        return first
+
+    # -- matrix products --------------------------------------------------------------------------
+    def matmul(self, first: int, count: int, rows: int) -> None:
+        mats = self.mats[first : first + count]
+        if all(impl == BUILTIN_MATMUL for _, impl in mats):
+            max_n = max(p.n for p, _ in mats)
+            if rows <= MV_MAX_ROWS:
+                grid = (-(-max_n // MV_WARPS), rows, count)
+                self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
+            else:
+                x, k = self.descs[first][1], mats[0][0].k
+                modes = {ROUND_MODE[p.type] for p, _ in mats} if self.round_prefill else set()
+                for mode in sorted(modes - {0}):
+                    self.launch(self.op["act_round"], (rows,), (NORM_THREADS,),
+                                [x, self.ws.ptr[f"r{mode}"], k, mode])  # fmt: skip
+                grid = (-(-max_n // 64), -(-rows // 64), count)
+                descs = self.ws.descs_p if self.round_prefill else self.ws.descs
+                self.launch(self.mm_tiled, grid, (256,), [descs, first, rows])
+            return
+        for j, (p, impl) in enumerate(mats):  # a replaced kernel: one launch per matrix
+            _, x, y, bias = self.descs[first + j][:4]
+            kernel = self.lib.resolve(impl)
+            self.launch(kernel, (-(-p.n // MV_WARPS), rows), (MV_WARPS * self.warp,),
+                        [p.ptr, x, y, p.k, p.n])  # fmt: skip
+            if bias:
+                self.launch(self.op["add_bias"], (rows,), (NORM_THREADS,), [y, bias, p.n])
+
+    def glu(self, first: int, rows: int) -> None:
+        """g = act(h Wg^T) * (h Wu^T)."""
+        s, ws = self.spec, self.ws
+        act = 1 if s.activation == "gelu_tanh" else 0
+        fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
+        if fused and rows <= MV_MAX_ROWS:
+            grid = (-(-s.n_ff // MV_WARPS), rows, 1)
+            self.launch(self.mv_glu, grid, (MV_WARPS * self.warp,), [ws.descs, first, act])
+            return
+        self.matmul(first, 2, rows)
+        n = rows * s.n_ff
+        kernel = self.op["geglu" if act else "swiglu"]
+        self.launch(kernel, (min(4096, -(-n // 256)),), (256,), [ws.g, ws.u, ws.g, n])
+
+    # -- the pass ---------------------------------------------------------------------------------
+    def layers_pass(self, rows: int, splits: int, meta, kv) -> None:
+        """Embedding, every layer, and the final norm (into ws.h) for `rows` token rows."""
+        s, ws, op, L = self.spec, self.ws, self.op, self.launch
+        e, eps = s.n_embd, s.rms_eps
+        L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
+        L(op["add_norm"], (rows,), (NORM_THREADS,),
+          [ws.x, 0, 0, self.layers[0]["attn_norm"], ws.h, e, eps])  # fmt: skip
+        for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
+            kc, vc = kv.layer(i)
+            self.matmul(layer["qkv"], 3, rows)
+            L(op["qk_rope_store"], (s.n_head + 2 * s.n_head_kv, rows), (ATT_THREADS,),
+              [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc, vc,
+               s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, s.rope_dim, int(s.rope_neox),
+               ls.rope_base, 1.0 / ls.rope_scale, eps, int(kv.f16)])  # fmt: skip
+            L(op["attn_partial"], (s.n_head, rows, splits), (ATT_THREADS,),
+              [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml, s.n_head_kv,
+               s.head_dim, s.head_dim_v, kv.block_size, s.attn_scale, ls.sliding_window or 0,
+               int(kv.f16)])  # fmt: skip
+            L(op["attn_combine"], (s.n_head, rows), (ATT_THREADS,),
+              [ws.part_o, ws.part_ml, ws.attn, s.head_dim_v, splits])  # fmt: skip
+            self.matmul(layer["wo"], 1, rows)
+            L(op["add_norm"], (rows,), (NORM_THREADS,),
+              [ws.x, ws.o, layer["post_attn"], layer["ffn_norm"], ws.h, e, eps])  # fmt: skip
+            self.glu(layer["gate_up"], rows)
+            self.matmul(layer["down"], 1, rows)
+            nxt = self.layers[i + 1]["attn_norm"] if i + 1 < s.n_layer else self.output_norm
+            L(op["add_norm"], (rows,), (NORM_THREADS,),
+              [ws.x, ws.o, layer["post_ffn"], nxt, ws.h, e, eps])  # fmt: skip
+
+    def output(self, rows: int, gather_idx: int | None, argmax: bool) -> None:
+        """Logits of `rows` rows of ws.h (gathered through `gather_idx` when given) into
+        ws.logits, and their argmax into ws.am."""
+        ws = self.ws
+        if gather_idx is not None:
+            L = self.launch
+            L(self.op["gather_rows"], (rows,), (NORM_THREADS,),
+              [ws.h, gather_idx, ws.hg, self.spec.n_embd])  # fmt: skip
+        self.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows)
+        if argmax:
+            self.launch(self.op["argmax"], (rows,), (1024,), [ws.logits, self.spec.n_vocab, ws.am])

@@ -1,0 +1,267 @@
+"""HipRunner: a model on one GPU. Weights in one arena, a paged float16 KV cache, forward passes
+over mixed batches (prefill chunks and decode tokens), and graph-replayed decode steps.
+
+A decode step (every sequence adds one token) is captured once per batch size and replayed:
+positions, slots, block tables and token ids live in one device buffer refreshed by a single
+host->device copy, so Python launches nothing per token. Greedy decode (`forward_argmax`) picks
+tokens on the device and copies back only their ids.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from forge.backend import Runner, SeqBatch
+from forge.errors import ContextOverflowError, ForgeRuntimeError, UnsupportedModelError
+from forge.gguf import GGUFFile
+from forge.kernels import KernelTable
+from forge.models.spec import ModelSpec
+from forge_hip.arena import WeightArena, layout, preflight
+from forge_hip.executor import GraphCache, Launcher
+from forge_hip.kv import KvCache, RowMeta, kv_bytes
+from forge_hip.library import KernelLibrary
+from forge_hip.plan import Plan
+from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows, workspace_bytes
+
+DEFAULT_CTX = 4096  # context assumed by the load-time preflight (open_runner is not told n_ctx)
+MAX_HEAD_DIM = 512  # layer.hip's LAYER_MAX_D
+SPLIT_LEN = 64  # decode attention: about this many positions per split
+
+
+def kv_is_f16(spec: ModelSpec, gguf: GGUFFile) -> bool:
+    """float16 KV unless every matrix is F32 (their golden bounds are below f16 rounding);
+    $FORGE_HIP_KV ("f16" or "f32") overrides."""
+    forced = os.environ.get("FORGE_HIP_KV", "").lower()
+    if forced in ("f16", "f32"):
+        return forced == "f16"
+    return any(gguf.tensors[n].type != "F32" for n in spec.weight_names() if "norm" not in n)
+
+
+def memory_needed(spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
+    """Device bytes for weights, an `n_ctx` KV cache and the workspace."""
+    return {
+        "weights": layout(spec, gguf)[1],
+        "kv_cache": kv_bytes(spec, n_ctx, kv_is_f16(spec, gguf)),
+        "workspace": workspace_bytes(spec),
+    }
+
+
+def check_spec(spec: ModelSpec) -> None:
+    if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
+        raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
+    if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
+        raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
+
+
+class HipRunner(Runner):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        gguf: GGUFFile,
+        kernels: KernelTable,
+        *,
+        device: int = 0,
+        progress: Callable[[int, int], None] | None = None,
+        runtime=None,  # noqa: ANN001 - a forge_hip Runtime to share (tests); None opens one
+    ):
+        from forge_hip.runtime import open_runtime
+
+        check_spec(spec)
+        self.spec = spec
+        self.arena = self.ws = self.kv = self.meta = None
+        self._own_rt = runtime is None
+        self.rt = runtime or open_runtime(None, device)
+        try:
+            self.kv_f16 = kv_is_f16(spec, gguf)
+            preflight(self.rt, memory_needed(spec, gguf, min(DEFAULT_CTX, spec.n_ctx_train)))
+            self.lib = KernelLibrary(self.rt)
+            self.arena = WeightArena(self.rt, spec, gguf, progress)
+            self.ws = Workspace(self.rt, spec)
+            self.stream = self.rt.stream()
+            self.launch = Launcher(self.rt, self.stream)
+            self.graphs = GraphCache(self.launch)
+            self.plan = Plan(
+                spec, kernels, self.lib, self.arena, self.ws, self.launch, self.rt.props.warp_size
+            )
+            self.meta = RowMeta(self.rt, ROW_CAP, 1024)
+            self.out_rows = out_rows(spec)
+            self.use_graphs = True
+        except BaseException:
+            self.close()
+            raise
+
+    # -- cache -------------------------------------------------------------------------------------
+    def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+        if self.kv is not None:
+            self.kv.close()
+            self.kv = None
+        self.graphs.clear()
+        self.kv = KvCache(self.rt, self.spec, n_blocks, block_size, self.kv_f16)
+        n_slots = n_blocks * block_size
+        self.splits = max(1, min(MAX_SPLITS, -(-n_slots // SPLIT_LEN)))
+
+    # -- forward -----------------------------------------------------------------------------------
+    def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
+        return self._forward(batch, argmax=False)
+
+    def forward_argmax(self, batch: list[SeqBatch]) -> list[int]:
+        rows = self._forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch],
+                             argmax=True)  # fmt: skip
+        return [int(r[-1]) for r in rows if r is not None and len(r)]
+
+    def _forward(self, batch: list[SeqBatch], argmax: bool) -> list:
+        if self.kv is None:
+            raise ForgeRuntimeError("allocate_kv() must be called before forward()")
+        parts: list[list[np.ndarray]] = [[] for _ in batch]
+        for chunk, owners in self._chunks(batch):
+            for owner, rows in zip(owners, self._run(chunk, argmax)):
+                if rows is not None:
+                    parts[owner].append(rows)
+        out = []
+        for b, p in zip(batch, parts):
+            if b.output == "none":
+                out.append(None)
+            elif p:
+                out.append(np.concatenate(p))
+            else:
+                out.append(np.zeros((0,) if argmax else (0, self.spec.n_vocab), np.float32))
+        return out
+
+    def _chunks(self, batch: list[SeqBatch]):
+        """Cut the batch into pieces of at most ROW_CAP token rows (a sequence may be split:
+        its later piece sees the earlier one's K/V, written first)."""
+        cur: list[SeqBatch] = []
+        owners: list[int] = []
+        used = 0
+        for i, b in enumerate(batch):
+            toks = np.asarray(b.tokens, dtype=np.int32).reshape(-1)
+            lo = 0
+            while lo < len(toks):
+                take = min(len(toks) - lo, ROW_CAP - used)
+                end = lo + take == len(toks)
+                out = b.output if b.output != "last" else ("last" if end else "none")
+                cur.append(SeqBatch(toks[lo : lo + take], b.start + lo, b.block_table, out))
+                owners.append(i)
+                used, lo = used + take, lo + take
+                if used == ROW_CAP:
+                    yield cur, owners
+                    cur, owners, used = [], [], 0
+        if cur:
+            yield cur, owners
+
+    def _prepare(self, chunk: list[SeqBatch]) -> tuple[int, list[np.ndarray], int]:
+        """Fill the host metadata; returns (rows, wanted rows per piece, block-table entries)."""
+        s, kv, meta = self.spec, self.kv, self.meta
+        bs = kv.block_size
+        tables, wanted, at_bt, at = [], [], 0, 0
+        ids, pos, slots = meta.field("ids"), meta.field("pos"), meta.field("slots")
+        btoff, outidx = meta.field("btoff"), meta.field("outidx")
+        n_out = 0
+        for b in chunk:
+            n = len(b.tokens)
+            if b.tokens.min() < 0 or b.tokens.max() >= s.n_vocab:
+                raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
+            need = (b.start + n - 1) // bs + 1
+            table = np.asarray(b.block_table, dtype=np.int32).reshape(-1)[:need]
+            if len(table) < need:
+                raise ContextOverflowError(
+                    f"sequence position {b.start + n - 1} has no KV block "
+                    f"(block table of {len(b.block_table)})"
+                )
+            if table.min() < 0 or table.max() >= kv.n_blocks:
+                raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
+            p = np.arange(b.start, b.start + n, dtype=np.int32)
+            ids[at : at + n] = b.tokens
+            pos[at : at + n] = p
+            slots[at : at + n] = table[p // bs] * bs + p % bs
+            btoff[at : at + n] = at_bt
+            rows = {"all": np.arange(at, at + n), "last": np.array([at + n - 1])}.get(
+                b.output, np.zeros(0, np.int64)
+            )
+            outidx[n_out : n_out + len(rows)] = rows
+            n_out += len(rows)
+            wanted.append(rows)
+            tables.append(table)
+            at_bt += len(table)
+            at += n
+        if meta.ensure_bt(at_bt):
+            self.graphs.clear()
+            return self._prepare(chunk)
+        if tables:
+            meta.bt_host()[:at_bt] = np.concatenate(tables)
+        return at, wanted, at_bt
+
+    def _run(self, chunk: list[SeqBatch], argmax: bool) -> list[np.ndarray | None]:
+        rows, wanted, n_bt = self._prepare(chunk)
+        self.meta.upload(n_bt, self.stream)
+        plan, v = self.plan, self.spec.n_vocab
+        decode = rows == len(chunk) and rows <= min(self.out_rows, 64)
+        if decode and self.use_graphs:
+            self.graphs.run(rows, lambda: self._decode_step(rows))
+            return self._fetch(wanted, np.arange(rows), argmax)
+        plan.layers_pass(rows, self.splits if rows <= 16 else 1, self.meta, self.kv)
+        order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
+        results = np.empty((len(order),) if argmax else (len(order), v), np.int32 if argmax
+                           else np.float32)  # fmt: skip
+        for g0 in range(0, len(order), self.out_rows):
+            g = min(self.out_rows, len(order) - g0)
+            plan.output(g, self.meta.outidx + 4 * g0, argmax)
+            self._copy_back(results[g0 : g0 + g], g, argmax)
+        return self._split(wanted, results)
+
+    def _decode_step(self, rows: int) -> None:
+        self.plan.layers_pass(rows, self.splits, self.meta, self.kv)
+        self.plan.output(rows, None, True)
+
+    def _copy_back(self, dst: np.ndarray, rows: int, argmax: bool) -> None:
+        src = self.ws.am if argmax else self.ws.logits
+        self.rt.copy_to_host(dst, src, self.stream)
+        self.rt.synchronize(self.stream)
+
+    def _fetch(self, wanted, produced: np.ndarray, argmax: bool) -> list[np.ndarray | None]:
+        """Results of a decode step: every row was computed; keep the wanted ones."""
+        n = len(produced)
+        full = np.empty((n,) if argmax else (n, self.spec.n_vocab), np.int32 if argmax
+                        else np.float32)  # fmt: skip
+        self._copy_back(full, n, argmax)
+        return [full[w] if len(w) else None for w in wanted]
+
+    @staticmethod
+    def _split(wanted, results: np.ndarray) -> list[np.ndarray | None]:
+        out, at = [], 0
+        for w in wanted:
+            out.append(results[at : at + len(w)] if len(w) else None)
+            at += len(w)
+        return out
+
+    # -- diagnostics -------------------------------------------------------------------------------
+    def profile_decode(self, batch: list[SeqBatch]) -> dict[str, tuple[int, float]]:
+        """Run one decode step launch by launch with events; {kernel: (launches, ms)}."""
+        rows, _, n_bt = self._prepare(batch)
+        self.meta.upload(n_bt, self.stream)
+        self.launch.start_profile()
+        self._decode_step(rows)
+        return self.launch.stop_profile()
+
+    def memory_estimate(self) -> dict[str, int]:
+        return {
+            "weights": self.arena.nbytes if self.arena else 0,
+            "kv_cache": self.kv.nbytes if self.kv else 0,
+            "workspace": (self.ws.nbytes if self.ws else 0)
+            + (self.meta.host.nbytes if self.meta else 0),
+        }
+
+    def close(self) -> None:
+        for part in ("meta", "kv", "ws", "arena"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                obj.close()
+                setattr(self, part, None)
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.clear()
+        if self._own_rt and getattr(self, "rt", None) is not None:
+            self.rt.close()
+            self.rt = None

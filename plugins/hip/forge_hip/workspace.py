@@ -1,0 +1,82 @@
+"""Activation buffers of a forward pass, sized once for a row capacity, in one allocation.
+
+Rows are tokens of a (chunk of a) batch: at most `ROW_CAP` per pass (larger batches are cut into
+chunks). Logits are produced for at most `out_rows` rows at a time (bounded by OUT_BYTES).
+"""
+
+from __future__ import annotations
+
+from forge.models.spec import ModelSpec
+from forge_hip.arena import align
+from forge_hip.runtime.base import DeviceBuffer, Runtime
+
+ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
+OUT_BYTES = 64 << 20  # bound of the logits buffer
+MAX_SPLITS = 16  # decode attention splits over the KV length
+DESC_LEN = 8  # int64 per matrix descriptor (linear.hip)
+
+
+def out_rows(spec: ModelSpec) -> int:
+    """Rows of logits one output pass holds."""
+    return max(1, min(ROW_CAP, OUT_BYTES // (4 * spec.n_vocab)))
+
+
+def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
+    """Bytes of each workspace buffer."""
+    s, r, o = spec, ROW_CAP, out_rows(spec)
+    part_rows = max(r, 16 * MAX_SPLITS)
+    widest = max(s.n_embd, s.n_ff, s.n_head * s.head_dim_v)
+    return {
+        **{f"r{mode}": 4 * r * widest for mode in (1, 2, 3, 4)},  # rounded activations
+        "x": 4 * r * s.n_embd,
+        "h": 4 * r * s.n_embd,
+        "o": 4 * r * s.n_embd,
+        "q": 4 * r * s.n_head * s.head_dim,
+        "k": 4 * r * s.n_head_kv * s.head_dim,
+        "v": 4 * r * s.n_head_kv * s.head_dim_v,
+        "attn": 4 * r * s.n_head * s.head_dim_v,
+        "g": 4 * r * s.n_ff,
+        "u": 4 * r * s.n_ff,
+        "part_o": 4 * part_rows * s.n_head * s.head_dim_v,
+        "part_ml": 8 * part_rows * s.n_head,
+        "hg": 4 * o * s.n_embd,
+        "logits": 4 * o * s.n_vocab,
+        "am": 4 * o,
+        "descs": 8 * DESC_LEN * n_desc,
+        "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
+    }
+
+
+def n_descs(spec: ModelSpec) -> int:
+    """Matrix descriptors: per layer Q, K, V, O, gate, up, down; two for the output head."""
+    return 7 * spec.n_layer + 2
+
+
+def workspace_bytes(spec: ModelSpec) -> int:
+    return sum(align(v) for v in buffer_sizes(spec, n_descs(spec)).values())
+
+
+class Workspace:
+    """The buffers of `buffer_sizes`, as attributes holding device addresses."""
+
+    def __init__(self, rt: Runtime, spec: ModelSpec):
+        self.rt = rt
+        sizes = buffer_sizes(spec, n_descs(spec))
+        self.nbytes = sum(align(v) for v in sizes.values())
+        self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
+        at = self.buffer.ptr
+        self.ptr: dict[str, int] = {}
+        for name, size in sizes.items():
+            self.ptr[name] = at
+            at += align(size)
+
+    def __getattr__(self, name: str) -> int:
+        ptr = self.__dict__.get("ptr", {})
+        if name in ptr:
+            return ptr[name]
+        raise AttributeError(name)
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.rt.free(self.buffer)
+            self.buffer = None
