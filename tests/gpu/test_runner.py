@@ -1,0 +1,162 @@
+"""HipRunner on the device: mixed batches and graph-replayed decode against one-pass prefill,
+a third-party matmul kernel through the kernel table, the memory preflight, and cleanup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import forge
+from forge.backend import SeqBatch
+from forge.errors import ContextOverflowError, ForgeRuntimeError, OutOfMemoryError
+from forge.gguf import open_gguf
+from forge.kernels import KernelSpec
+from forge.models import build_spec
+from forge.plugins import get_plugin_manager
+from tests.golden_rules import logit_errors
+
+
+def _model(golden_dir, name):
+    path = str(golden_dir / "models" / name)
+    gguf = open_gguf(path)
+    return path, gguf, build_spec(gguf)
+
+
+def _runner(rt, golden_dir, name, kernels=None):
+    from forge_hip.runner import HipRunner
+
+    _, gguf, spec = _model(golden_dir, name)
+    runner = HipRunner(spec, gguf, kernels or get_plugin_manager().kernels, runtime=rt)
+    runner.plan.round_prefill = False  # the same float math on every path: tight comparisons
+    runner.allocate_kv(64, 16)
+    return runner
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
+def test_mixed_batch_and_graph_decode_match_prefill(rt, golden_dir, name):
+    runner = _runner(rt, golden_dir, name)
+    try:
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (13, 21, 7)]
+        tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32)[::-1].copy() for i in range(3)]
+        ref = [runner.forward([SeqBatch(s, 0, t, "all")])[0] for s, t in zip(seqs, tables)]
+        # prefill all but the last 2 tokens: a mixed batch holds sequence 0's second chunk,
+        # sequence 2's whole prompt and one decode token of sequence 1
+        runner.forward([SeqBatch(seqs[0][:4], 0, tables[0], "none"),
+                        SeqBatch(seqs[1][:-3], 0, tables[1], "none")])  # fmt: skip
+        out = runner.forward([SeqBatch(seqs[0][4:-2], 4, tables[0], "last"),
+                              SeqBatch(seqs[2][:-2], 0, tables[2], "all"),
+                              SeqBatch(seqs[1][-3:-2], len(seqs[1]) - 3, tables[1])])  # fmt: skip
+        assert np.abs(out[0][0] - ref[0][-3]).max() <= 1e-3 * ref[0].std()
+        assert np.abs(out[1] - ref[2][:-2]).max() <= 1e-3 * ref[2].std()
+        assert np.abs(out[2][0] - ref[1][-3]).max() <= 1e-3 * ref[1].std()
+        # ... then decode steps of batch 3 (graph replay), logits and device argmax
+        for step in (2, 1):
+            batch = [SeqBatch(s[-step : len(s) - step + 1], len(s) - step, t)
+                     for s, t in zip(seqs, tables)]  # fmt: skip
+            if step == 2:
+                rows = runner.forward(batch)
+                for r, full in zip(rows, ref):
+                    assert np.abs(r[0] - full[-2]).max() <= 1e-3 * full.std()
+            else:
+                ids = runner.forward_argmax(batch)
+                assert ids == [int(np.argmax(full[-1])) for full in ref]
+        assert runner.graphs.kernels, "decode steps were not captured"
+        per_step = runner.graphs.kernels[3]
+        print(f"{name}: {per_step} kernels per decode step ({runner.spec.n_layer} layers)")
+        assert per_step <= 9 * runner.spec.n_layer + 4
+    finally:
+        runner.close()
+
+
+def test_replacement_matmul_kernel_is_used(rt, golden_dir):
+    """A plugin's Q8_0 matmul (here matvec.hip's per-type kernel) replaces the built-in one."""
+    from forge_hip.library import HipKernel
+
+    pm = get_plugin_manager()
+    table = type(pm.kernels)()
+    for key in pm.kernels.keys():
+        for k in pm.kernels.candidates(*key):
+            table.add(k)
+    custom = HipKernel("matvec.hip", "matvec_q8_0", "pppii")
+    table.add(KernelSpec("hip", "matmul", "Q8_0", custom, priority=10, plugin="test"))
+    base = _runner(rt, golden_dir, "llama-q8_0.gguf")
+    repl = _runner(rt, golden_dir, "llama-q8_0.gguf", table)
+    try:
+        assert all(impl == custom for _, impl in repl.plan.mats)
+        ids = np.arange(1, 12, dtype=np.int32)
+        a = base.forward([SeqBatch(ids, 0, np.arange(4, dtype=np.int32), "all")])[0]
+        b = repl.forward([SeqBatch(ids, 0, np.arange(4, dtype=np.int32), "all")])[0]
+        mx, _ = logit_errors(b, a)
+        assert mx < 1e-3, mx
+        assert any(key.endswith(":matvec_q8_0") for key in repl.lib._kernels)
+    finally:
+        base.close()
+        repl.close()
+
+
+def test_bad_batches_raise_typed_errors(rt, golden_dir):
+    runner = _runner(rt, golden_dir, "llama-q4_0.gguf")
+    try:
+        with pytest.raises(ContextOverflowError):
+            runner.forward([SeqBatch(np.arange(20, dtype=np.int32), 0, np.array([0], np.int32))])
+        with pytest.raises(ForgeRuntimeError):
+            runner.forward([SeqBatch(np.array([1], np.int32), 0, np.array([64], np.int32))])
+        with pytest.raises(ForgeRuntimeError):
+            runner.forward([SeqBatch(np.array([10**6], np.int32), 0, np.array([0], np.int32))])
+    finally:
+        runner.close()
+
+
+class _Counting:
+    """A runtime wrapper that counts live allocations and can fail the n-th upload."""
+
+    def __init__(self, rt, fail_upload_at=None, free_bytes=None):
+        self._rt, self.live, self.uploads = rt, 0, 0
+        self.fail_upload_at, self.free_bytes = fail_upload_at, free_bytes
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    def alloc(self, n):
+        buf = self._rt.alloc(n)
+        self.live += 1
+        return buf
+
+    def free(self, buf):
+        if buf.ptr:
+            self.live -= 1
+        self._rt.free(buf)
+
+    def free_memory(self):
+        return self.free_bytes if self.free_bytes is not None else self._rt.free_memory()
+
+    def copy_to_device(self, dst, src, stream=None):
+        self.uploads += 1
+        if self.fail_upload_at is not None and self.uploads == self.fail_upload_at:
+            raise ForgeRuntimeError("injected upload failure")
+        self._rt.copy_to_device(dst, src, stream)
+
+
+def test_preflight_refuses_with_numbers_and_load_falls_back(rt, golden_dir, monkeypatch):
+    from forge_hip.runner import HipRunner
+
+    path, gguf, spec = _model(golden_dir, "llama-f32.gguf")
+    fake = _Counting(rt, free_bytes=64 << 20)
+    with pytest.raises(OutOfMemoryError, match=r"MiB.*weights.*only 64 MiB are free"):
+        HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=fake)
+    assert fake.live == 0
+    monkeypatch.setattr(type(rt), "free_memory", lambda self: 1 << 20)
+    model = forge.load(path, backend="hip", config={"fallback": "cpu_simd"}, n_ctx=64)
+    assert model.backend == "cpu_simd"
+
+
+def test_failure_mid_load_frees_everything(rt, golden_dir):
+    from forge_hip.runner import HipRunner
+
+    _, gguf, spec = _model(golden_dir, "qwen3-q8_0.gguf")
+    fake = _Counting(rt, fail_upload_at=5)
+    with pytest.raises(ForgeRuntimeError, match="injected"):
+        HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=fake)
+    assert fake.live == 0 and fake.uploads == 5

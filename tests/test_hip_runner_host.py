@@ -1,0 +1,194 @@
+"""HipRunner's host side without a GPU: a recording fake runtime checks the launch plan (every
+argument packs against its kernel's signature, kernels per decode step, one graph per batch size,
+one host->device copy per step), chunking, the preflight message and cleanup after failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from forge_hip.runtime.base import ArgPack, DeviceBuffer, DeviceProps, Kernel
+
+from forge.backend import SeqBatch
+from forge.errors import ContextOverflowError, ForgeRuntimeError, OutOfMemoryError
+from forge.gguf import open_gguf
+from forge.models import build_spec
+from forge.plugins import get_plugin_manager
+
+
+class FakeRuntime:
+    """Records launches and copies; device memory is a counter of addresses."""
+
+    platform = "fake"
+
+    def __init__(self, free=80 << 30, fail_upload_at=None):
+        self.props = DeviceProps("Fake GPU", "sm_90", 96 << 30, free, 132, 32, "fake-1")
+        self.free_bytes, self.fail_upload_at = free, fail_upload_at
+        self.next, self.live, self.uploads = 1 << 32, {}, 0
+        self.launches, self.capturing, self.replays = [], False, 0
+
+    def alloc(self, n):
+        if n > self.free_bytes:
+            raise OutOfMemoryError("fake alloc")
+        buf = DeviceBuffer(self.next, n)
+        self.live[buf.ptr] = n
+        self.next += (n + 511) // 256 * 256
+        return buf
+
+    def free(self, buf):
+        self.live.pop(buf.ptr, None)
+        buf.ptr = 0
+
+    def free_memory(self):
+        return self.free_bytes - sum(self.live.values())
+
+    def copy_to_device(self, dst, src, stream=None):
+        self.uploads += 1
+        if self.uploads == self.fail_upload_at:
+            raise ForgeRuntimeError("injected upload failure")
+
+    def copy_to_host(self, dst, src, stream=None):
+        dst[...] = 0
+
+    def stream(self):
+        return "stream"
+
+    def synchronize(self, stream=None):
+        pass
+
+    def event(self):
+        return object()
+
+    def record(self, event, stream=None):
+        pass
+
+    def elapsed_ms(self, a, b):
+        return 0.001
+
+    def compile(self, source, name, flags=()):
+        return source.encode()
+
+    def load(self, binary):
+        return binary
+
+    def function(self, module, name, signature):
+        src = module.decode()  # macro-made kernels (embed_q4_k) show their suffix only
+        assert f" {name}(" in src or f"({name.split('_', 1)[-1]}," in src, name
+        return Kernel(None, name, signature)
+
+    def launch(self, kernel, grid, block, args, shared=0, stream=None):
+        ArgPack(kernel.signature, args)  # raises on a wrong argument count or type
+        assert all(int(g) >= 1 for g in grid) and int(block[0]) <= 1024
+        self.launches.append((kernel.name, tuple(grid), self.capturing))
+
+    def begin_capture(self, stream):
+        self.capturing = True
+
+    def end_capture(self, stream):
+        self.capturing = False
+        return "graph"
+
+    def replay(self, graph, stream):
+        self.replays += 1
+
+    def close(self):
+        pass
+
+
+def _spec(golden_dir, name):
+    gguf = open_gguf(str(golden_dir / "models" / name))
+    return gguf, build_spec(gguf)
+
+
+def _runner(golden_dir, name, rt):
+    from forge_hip.runner import HipRunner
+
+    gguf, spec = _spec(golden_dir, name)
+    return HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=rt)
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])
+def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, name, rt)
+    runner.allocate_kv(32, 16)
+    n_layer = runner.spec.n_layer
+    ids = np.arange(1, 30, dtype=np.int32)
+    rows = runner.forward([SeqBatch(ids, 0, np.arange(2, dtype=np.int32), "all")])
+    assert rows[0].shape == (29, runner.spec.n_vocab)
+    assert not any(cap for _, _, cap in rt.launches)
+    assert "mm_tiled" in {n for n, _, _ in rt.launches}
+    for step in range(3):
+        rt.launches.clear()
+        uploads = rt.uploads
+        batch = [SeqBatch(np.array([5], np.int32), 29 + step, np.arange(2, dtype=np.int32)),
+                 SeqBatch(np.array([7], np.int32), step, np.array([5], np.int32))]  # fmt: skip
+        assert len(runner.forward_argmax(batch)) == 2
+        assert rt.uploads == uploads + 1  # one host->device copy per step
+        assert all(cap for _, _, cap in rt.launches)  # launched only while capturing
+        if step:
+            assert not rt.launches  # replayed: Python launched nothing
+    per_step = runner.graphs.kernels[2]
+    assert per_step == 9 * n_layer + 4, per_step
+    assert rt.replays == 3
+    assert runner.kv.f16 == (name != "llama-f32.gguf")
+    runner.close()
+    assert not rt.live
+
+
+def test_long_batches_are_cut_into_chunks(golden_dir):
+    from forge_hip.workspace import ROW_CAP
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "llama-q4_0.gguf", rt)
+    runner.allocate_kv(128, 16)
+    n = ROW_CAP + 100
+    ids = np.ones(n, np.int32)
+    table = np.arange(-(-n // 16), dtype=np.int32)
+    out = runner.forward(
+        [SeqBatch(ids, 0, table, "all"), SeqBatch(np.ones(3, np.int32), 0, table[-1:], "last")]
+    )
+    assert out[0].shape == (n, runner.spec.n_vocab) and out[1].shape == (1, runner.spec.n_vocab)
+    embeds = [g for name, g, _ in rt.launches if name.startswith("embed_")]
+    assert [g[0] for g in embeds] == [ROW_CAP, 103]
+    runner.close()
+
+
+def test_errors_and_preflight(golden_dir):
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "llama-q4_0.gguf", rt)
+    with pytest.raises(ForgeRuntimeError, match="allocate_kv"):
+        runner.forward([SeqBatch(np.ones(1, np.int32), 0, np.zeros(1, np.int32))])
+    runner.allocate_kv(4, 16)
+    with pytest.raises(ContextOverflowError):
+        runner.forward([SeqBatch(np.ones(20, np.int32), 0, np.zeros(1, np.int32))])
+    with pytest.raises(ForgeRuntimeError, match="block"):
+        runner.forward([SeqBatch(np.ones(1, np.int32), 0, np.array([4], np.int32))])
+    with pytest.raises(ForgeRuntimeError, match="token id"):
+        runner.forward([SeqBatch(np.array([-1], np.int32), 0, np.zeros(1, np.int32))])
+    with pytest.raises(OutOfMemoryError, match="kv_cache"):
+        runner.allocate_kv(10**7, 16)
+    runner.close()
+    runner.close()  # twice is safe
+    assert not rt.live
+
+    small = FakeRuntime(free=300 << 20)
+    with pytest.raises(OutOfMemoryError, match=r"weights .* MiB.*only \d+ MiB are free"):
+        _runner(golden_dir, "llama-q4_0.gguf", small)
+    assert not small.live
+
+
+def test_failure_mid_load_frees_what_it_took(golden_dir):
+    rt = FakeRuntime(fail_upload_at=3)
+    with pytest.raises(ForgeRuntimeError, match="injected"):
+        _runner(golden_dir, "gemma3-f16.gguf", rt)
+    assert not rt.live
+
+
+def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
+    from forge_hip.backend import HipBackend
+
+    gguf, spec = _spec(golden_dir, "gemma3-q4_k_m.gguf")
+    need = HipBackend().memory_needed(spec, gguf, 1024)
+    assert need["weights"] >= sum(gguf.tensors[n].nbytes for n in spec.weight_names())
+    assert need["kv_cache"] == spec.kv_bytes_per_token(2) * 1024
+    assert need["workspace"] > 0
