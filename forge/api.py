@@ -273,12 +273,11 @@ def load(
     spec = build_spec(gguf)
     tokenizer = tokenizer_from_metadata(gguf.metadata)
     n_ctx = min(n_ctx or config.n_ctx or DEFAULT_N_CTX, spec.n_ctx_train)
-    runner = _open_runner(pm, name, spec, gguf, config, progress)
+    runner = _open_runner(pm, name, spec, gguf, config, progress, n_ctx)
     if runner is None:  # the chosen backend failed to open and a fallback is configured
         name = config.fallback
-        runner = _open_runner(
-            pm, name, spec, gguf, config.model_copy(update={"fallback": None}), progress
-        )
+        no_fallback = config.model_copy(update={"fallback": None})
+        runner = _open_runner(pm, name, spec, gguf, no_fallback, progress, n_ctx)
     model = Model(
         path=path,
         gguf=gguf,
@@ -294,9 +293,12 @@ def load(
     return model
 
 
-def _open_runner(pm, name, spec, gguf, config, progress) -> Runner | None:
+def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None:
+    backend = pm.backend(name)
     try:
-        return pm.backend(name).open_runner(spec, gguf, pm.kernels, device=config.device)
+        return backend.open_runner(
+            spec, gguf, pm.kernels, device=config.device, progress=progress, n_ctx=n_ctx
+        )
     except ForgeError as err:
         if err.recoverable and config.fallback and config.fallback != name:
             log.warning(

@@ -88,8 +88,12 @@ class Backend(ABC):
         *,
         device: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        n_ctx: int | None = None,
     ) -> Runner:
         """Place the model's weights on device `device` and return a runner for it.
+
+        `n_ctx`, when given, is the context the caller will allocate KV blocks for, so that a
+        memory preflight can count the KV cache too.
 
         `progress(done, total)`, when given, is called as weights are placed.
 

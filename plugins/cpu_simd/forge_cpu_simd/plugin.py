@@ -95,7 +95,14 @@ class CpuSimdBackend(Backend):
         return BackendProbe(available=True, devices=(device,), score=10)
 
     def open_runner(
-        self, spec: Any, gguf: Any, kernels: Any, *, device: int = 0, progress: Any = None
+        self,
+        spec: Any,
+        gguf: Any,
+        kernels: Any,
+        *,
+        device: int = 0,
+        progress: Any = None,
+        n_ctx: int | None = None,
     ) -> Runner:
         from forge_cpu_simd.runner import CpuRunner
 

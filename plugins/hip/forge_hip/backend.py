@@ -52,12 +52,13 @@ class HipBackend(Backend):
         *,
         device: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        n_ctx: int | None = None,
     ) -> Runner:
         """Place the model on GPU `device` (raises OutOfMemoryError with the numbers, having
         freed what it took, when it does not fit)."""
         from forge_hip.runner import HipRunner
 
-        return HipRunner(spec, gguf, kernels, device=device, progress=progress)
+        return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx)
 
     def memory_needed(self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
         from forge_hip.runner import memory_needed

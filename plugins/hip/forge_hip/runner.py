@@ -26,7 +26,7 @@ from forge_hip.library import KernelLibrary
 from forge_hip.plan import Plan
 from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows, workspace_bytes
 
-DEFAULT_CTX = 4096  # context assumed by the load-time preflight (open_runner is not told n_ctx)
+DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gives none
 MAX_HEAD_DIM = 512  # layer.hip's LAYER_MAX_D
 SPLIT_LEN = 64  # decode attention: about this many positions per split
 
@@ -65,6 +65,7 @@ class HipRunner(Runner):
         *,
         device: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        n_ctx: int | None = None,
         runtime=None,  # noqa: ANN001 - a forge_hip Runtime to share (tests); None opens one
     ):
         from forge_hip.runtime import open_runtime
@@ -76,7 +77,8 @@ class HipRunner(Runner):
         self.rt = runtime or open_runtime(None, device)
         try:
             self.kv_f16 = kv_is_f16(spec, gguf)
-            preflight(self.rt, memory_needed(spec, gguf, min(DEFAULT_CTX, spec.n_ctx_train)))
+            ctx = min(n_ctx or DEFAULT_CTX, spec.n_ctx_train)
+            preflight(self.rt, memory_needed(spec, gguf, ctx))
             self.lib = KernelLibrary(self.rt)
             self.arena = WeightArena(self.rt, spec, gguf, progress)
             self.ws = Workspace(self.rt, spec)
