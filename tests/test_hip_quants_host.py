@@ -17,6 +17,8 @@ from forge_hip.library import TYPE_SUFFIX
 from forge_hip.sources import kernel_dir
 from gguf import GGMLQuantizationType, quants
 
+from tests.quant_blocks import random_raw
+
 HARNESS = """
 #define FORGE_HOST 1
 #include "quants.h"
@@ -25,21 +27,6 @@ HARNESS = """
         for (int c = 0; c < K / 32; ++c) deq32_##T(row, c, out + 32 * c); }
 FORGE_WEIGHT_TYPES(DEQ_ROW)
 """
-
-
-# byte offsets of the f16 scale fields in each block
-HALF_FIELDS = {
-    "Q4_0": [0],
-    "Q4_1": [0, 2],
-    "Q5_0": [0],
-    "Q5_1": [0, 2],
-    "Q8_0": [0],
-    "Q2_K": [80, 82],
-    "Q3_K": [108],
-    "Q4_K": [0, 2],
-    "Q5_K": [0, 2],
-    "Q6_K": [208],
-}
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +62,10 @@ def lib(tmp_path_factory):
 def test_decoder_matches_gguf_reference(lib, type_name):
     rng = np.random.default_rng()
     qtype = GGMLQuantizationType[type_name]
-    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
     K = 2 * 256 + (32 if block == 32 else 0)  # odd number of 32-blocks where allowed
     rows = 3
-    if type_name in ("F32", "F16"):
-        dtype = np.float32 if type_name == "F32" else np.float16
-        raw = rng.standard_normal((rows, K)).astype(dtype).view(np.uint8)
-    elif type_name == "BF16":
-        bits = rng.standard_normal((rows, K)).astype(np.float32).view(np.uint32) >> 16
-        raw = bits.astype(np.uint16).view(np.uint8)
-    else:  # random bytes: every bit pattern of quants and scales, f16 scales kept finite
-        raw = rng.integers(0, 256, size=(rows, K // block, nbytes), dtype=np.uint8)
-        for off in HALF_FIELDS[type_name]:
-            raw[:, :, off + 1] &= 0xBF  # exponent below 16: |scale| < 2, never inf/nan
-        raw = raw.reshape(rows, -1)
+    raw = random_raw(rng, type_name, rows, K)
     with np.errstate(all="ignore"):
         ref = quants.dequantize(raw, qtype).reshape(rows, K).astype(np.float32)
     out = np.full((rows, K), -12345.0, np.float32)  # poisoned

@@ -9,36 +9,13 @@ from forge_hip.library import TYPE_SUFFIX
 from gguf import GGMLQuantizationType, quants
 
 from tests.gpu.helpers import rel_err
-
-HALF_FIELDS = {
-    "Q4_0": [0],
-    "Q4_1": [0, 2],
-    "Q5_0": [0],
-    "Q5_1": [0, 2],
-    "Q8_0": [0],
-    "Q2_K": [80, 82],
-    "Q3_K": [108],
-    "Q4_K": [0, 2],
-    "Q5_K": [0, 2],
-    "Q6_K": [208],
-}
+from tests.quant_blocks import random_raw
 
 
 def random_weights(rng, type_name: str, rows: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """(raw GGML bytes [rows, row_bytes], float64 values [rows, K]) with finite scales."""
     qtype = GGMLQuantizationType[type_name]
-    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    if type_name in ("F32", "F16"):
-        dtype = np.float32 if type_name == "F32" else np.float16
-        raw = rng.standard_normal((rows, K)).astype(dtype).view(np.uint8)
-    elif type_name == "BF16":
-        bits = rng.standard_normal((rows, K)).astype(np.float32).view(np.uint32) >> 16
-        raw = bits.astype(np.uint16).view(np.uint8)
-    else:
-        raw = rng.integers(0, 256, size=(rows, K // block, nbytes), dtype=np.uint8)
-        for off in HALF_FIELDS[type_name]:
-            raw[:, :, off + 1] &= 0xBF
-        raw = raw.reshape(rows, -1)
+    raw = random_raw(rng, type_name, rows, K)
     values = quants.dequantize(raw, qtype).reshape(rows, K).astype(np.float64)
     return np.ascontiguousarray(raw), values
 
