@@ -144,10 +144,12 @@ class CpuRunner(Runner):
         pos = np.concatenate([np.arange(b.start, b.start + len(b.tokens)) for b in batch])
         bounds = np.cumsum([0] + [len(b.tokens) for b in batch])
         slots = [self._slots(b, b.start, b.start + len(b.tokens)) for b in batch]
+        past = [self._slots(b, 0, b.start + len(b.tokens)) for b in batch]  # same every layer
         x = embedding_rows(self.gguf.raw("token_embd.weight"), self.embd_info, ids)
         if s.embed_scale != 1.0:
             x *= np.float32(s.embed_scale)
         rows = self._output_rows(batch, bounds)
+        every_row = [np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
         rope_cache: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
         last = s.n_layer - 1
         for li, (layer, lspec) in enumerate(zip(self.layers, s.layers)):
@@ -156,10 +158,8 @@ class CpuRunner(Runner):
                 rope_cache[key] = ops.rope_tables(pos, s.rope_dim, *key)
             # The last layer's attention output and FFN matter only for rows whose logits are
             # wanted (its K/V are still cached for every row).
-            queries = (
-                rows if li == last else [np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
-            )
-            x = self._layer(li, layer, lspec, x, pos, batch, slots, queries, rope_cache[key])
+            queries = rows if li == last else every_row
+            x = self._layer(li, layer, lspec, x, pos, slots, past, queries, rope_cache[key])
         return self._logits(x, batch, rows)
 
     def _output_rows(self, batch: list[SeqBatch], bounds: np.ndarray) -> list[np.ndarray]:
@@ -174,7 +174,7 @@ class CpuRunner(Runner):
                 rows.append(np.array([], dtype=np.int64))
         return rows
 
-    def _layer(self, li, layer, lspec, x, pos, batch, slots, queries, rope_cs):
+    def _layer(self, li, layer, lspec, x, pos, slots, past, queries, rope_cs):
         """One transformer block; returns the new hidden state of the rows in `queries`."""
         s = self.spec
         n = x.shape[0]
@@ -196,12 +196,11 @@ class CpuRunner(Runner):
             kc[slot] = k[offset : offset + len(slot)]
             vc[slot] = v[offset : offset + len(slot)]
             offset += len(slot)
-        for b, sel in zip(batch, queries):
+        for seq_past, sel in zip(past, queries):
             if sel.size == 0:
                 continue
-            past = self._slots(b, 0, b.start + len(b.tokens))
             attn[at : at + sel.size] = self.ops.attention(
-                q[sel], kc[past], vc[past], pos[sel], s.attn_scale, lspec.sliding_window
+                q[sel], kc[seq_past], vc[seq_past], pos[sel], s.attn_scale, lspec.sliding_window
             )
             at += sel.size
         if kept.size == 0:
