@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,17 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
         terminalreporter.section("forge figures")
         for line in REPORT:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def fresh_forge_env(monkeypatch, tmp_path):
+    """No FORGE_* settings but the golden location, an empty working directory, and a plugin
+    manager created anew for the test (and forgotten after it)."""
+    from forge.plugins import reset_plugin_manager
+
+    for var in [v for v in os.environ if v.startswith("FORGE_") and v != "FORGE_GOLDEN"]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()

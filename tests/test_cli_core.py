@@ -23,15 +23,8 @@ from forge.plugins import PluginManager, PluginWarning, reset_plugin_manager
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in [v for v in os.environ if v.startswith("FORGE_")]:
-        if var != "FORGE_GOLDEN":
-            monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
-    reset_plugin_manager()
+def clean_env(fresh_forge_env):
     warnings.simplefilter("ignore", PluginWarning)
-    yield
-    reset_plugin_manager()
 
 
 def run(capsys, *argv):

@@ -16,22 +16,15 @@ import pytest
 import forge
 from forge.cli import main
 from forge.devices import BackendProbe
-from forge.plugins import PluginManager, PluginWarning, reset_plugin_manager
+from forge.plugins import PluginManager, PluginWarning
 from tests.gguf_factory import rewrite_gguf
 
 SRC = "llama-q8_0.gguf"
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in [v for v in os.environ if v.startswith("FORGE_")]:
-        if var != "FORGE_GOLDEN":
-            monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
-    reset_plugin_manager()
+def clean_env(fresh_forge_env):
     warnings.simplefilter("ignore", PluginWarning)
-    yield
-    reset_plugin_manager()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import types
 import warnings
@@ -16,18 +15,9 @@ from forge.backend import Backend
 from forge.devices import BackendProbe, DeviceInfo
 from forge.errors import BackendUnavailableError
 from forge.hookspecs import HOOK_API_VERSION
-from forge.plugins import PluginManager, PluginWarning, reset_plugin_manager
+from forge.plugins import PluginManager, PluginWarning
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for var in [v for v in os.environ if v.startswith("FORGE_")]:
-        if var != "FORGE_GOLDEN":
-            monkeypatch.delenv(var)
-    monkeypatch.chdir(tmp_path)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("fresh_forge_env")
 
 
 def quiet_create(**kw) -> PluginManager:
