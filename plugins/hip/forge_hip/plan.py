@@ -98,19 +98,10 @@ class Plan:
     def matmul(self, first: int, count: int, rows: int) -> None:
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
-            max_n = max(p.n for p, _ in mats)
             if rows <= MV_MAX_ROWS:
-                grid = (-(-max_n // MV_WARPS), rows, count)
-                self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
+                self._matvec(first, count, rows)
             else:
-                x, k = self.descs[first][1], mats[0][0].k
-                modes = {ROUND_MODE[p.type] for p, _ in mats} if self.round_prefill else set()
-                for mode in sorted(modes - {0}):
-                    self.launch(self.op["act_round"], (rows,), (NORM_THREADS,),
-                                [x, self.ws.ptr[f"r{mode}"], k, mode])  # fmt: skip
-                grid = (-(-max_n // 64), -(-rows // 64), count)
-                descs = self.ws.descs_p if self.round_prefill else self.ws.descs
-                self.launch(self.mm_tiled, grid, (256,), [descs, first, rows])
+                self._gemm(first, count, rows)
             return
         for j, (p, impl) in enumerate(mats):  # a replaced kernel: one launch per matrix
             _, x, y, bias = self.descs[first + j][:4]
@@ -119,6 +110,25 @@ class Plan:
                         [p.ptr, x, y, p.k, p.n])  # fmt: skip
             if bias:
                 self.launch(self.op["add_bias"], (rows,), (NORM_THREADS,), [y, bias, p.n])
+
+    def _matvec(self, first: int, count: int, rows: int) -> None:
+        """Decode products (few rows) of descriptors first .. first + count - 1."""
+        max_n = max(p.n for p, _ in self.mats[first : first + count])
+        grid = (-(-max_n // MV_WARPS), rows, count)
+        self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
+
+    def _gemm(self, first: int, count: int, rows: int) -> None:
+        """Prefill products (many rows) of descriptors first .. first + count - 1."""
+        mats = self.mats[first : first + count]
+        max_n = max(p.n for p, _ in mats)
+        x, k = self.descs[first][1], mats[0][0].k
+        modes = {ROUND_MODE[p.type] for p, _ in mats} if self.round_prefill else set()
+        for mode in sorted(modes - {0}):
+            self.launch(self.op["act_round"], (rows,), (NORM_THREADS,),
+                        [x, self.ws.ptr[f"r{mode}"], k, mode])  # fmt: skip
+        grid = (-(-max_n // 64), -(-rows // 64), count)
+        descs = self.ws.descs_p if self.round_prefill else self.ws.descs
+        self.launch(self.mm_tiled, grid, (256,), [descs, first, rows])
 
     def glu(self, first: int, rows: int) -> None:
         """g = act(h Wg^T) * (h Wu^T)."""
