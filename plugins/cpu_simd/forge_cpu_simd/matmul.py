@@ -11,6 +11,10 @@ Prepared weights here are `DenseWeight`s: float32 [out, in] plus the activation 
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
 import numpy as np
 
 from forge.gguf import TensorInfo
@@ -46,9 +50,58 @@ class DenseMatmul:
     def __call__(self, x: np.ndarray, w: DenseWeight) -> np.ndarray:
         if w.rounding is not None:
             x = w.rounding(x)
-        if x.shape[0] == 1:
-            return (w.matrix @ x[0])[None, :]
-        return x @ w.matrix.T
+        return product(w.matrix, x)
+
+
+# OpenBLAS computes products of at most this many multiply-adds (M*N*K) with its small-matrix
+# kernels, which skip packing the weight. Measured on the 2-core EPYC for the default model's
+# 262144x640 head: 8 rows in one sgemm 67 ms, in chunks under this size on two threads 36 ms
+# (one row, sgemv: 23 ms).
+SMALL_GEMM_MNK = 1_000_000
+STREAMED_BYTES = 64 << 20  # weights this large stream from DRAM: chunking pays for them
+MAX_CHUNKED_ROWS = 16
+
+
+def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ W.T for W float32 [out, in] and x float32 [rows, in].
+
+    W @ x.T is used rather than x @ W.T: OpenBLAS then packs the small operand, not the
+    weight (faster for every row count measured, 2..128). A streamed weight with few rows goes
+    through the small-matrix kernels in chunks spread over threads.
+    """
+    rows, k = x.shape
+    if rows == 1:
+        return (W @ x[0])[None, :]
+    if rows <= MAX_CHUNKED_ROWS and W.nbytes >= STREAMED_BYTES:
+        return _chunked_product(W, np.ascontiguousarray(x.T), SMALL_GEMM_MNK // (rows * k))
+    return (W @ x.T).T
+
+
+def _workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(1, _workers() - 1), thread_name_prefix="forge-gemm")
+
+
+def _chunked_product(W: np.ndarray, xt: np.ndarray, chunk: int) -> np.ndarray:
+    """W @ xt in chunks of `chunk` weight rows, split over the calling thread and the pool."""
+    n = W.shape[0]
+    out = np.empty((n, xt.shape[1]), dtype=np.float32)
+
+    def run(lo: int, hi: int) -> None:
+        for i in range(lo, hi, chunk):
+            j = min(i + chunk, hi)
+            np.matmul(W[i:j], xt, out=out[i:j])
+
+    step = -(-n // _workers())
+    futures = [_pool().submit(run, lo, min(lo + step, n)) for lo in range(step, n, step)]
+    run(0, min(step, n))
+    for f in futures:
+        f.result()
+    return out.T
 
 
 def embedding_rows(raw: np.ndarray, info: TensorInfo, ids: np.ndarray) -> np.ndarray:
