@@ -21,6 +21,8 @@ from forge_hip.workspace import Workspace
 
 MV_MAX_ROWS = 8  # up to this many rows a matmul runs as matrix-vector products
 MV_WARPS = 4  # linear.hip's MV_WARPS
+GEMM_N = 128  # gemm.hip's GB_N: weight rows per tensor-core tile
+GEMM_THREADS = 256
 ATT_THREADS = 128
 NORM_THREADS = 256
 
@@ -41,6 +43,7 @@ class Plan:
         self.spec, self.lib, self.arena, self.ws, self.launch = spec, lib, arena, ws, launch
         self.warp = warp
         self.round_prefill = True  # prefill products round activations like llama.cpp's
+        self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -118,10 +121,21 @@ class Plan:
         self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
-        """Prefill products (many rows) of descriptors first .. first + count - 1."""
+        """Prefill products (many rows) of descriptors first .. first + count - 1: on tensor cores
+        (gemm.hip, 16-bit operands) when activations are rounded and no matrix is F32, else
+        float32 SIMT tiles (mm_tiled)."""
         mats = self.mats[first : first + count]
         max_n = max(p.n for p, _ in mats)
         x, k = self.descs[first][1], mats[0][0].k
+        if self.round_prefill and k % 32 == 0 and all(p.type != "F32" for p, _ in mats):
+            for mode in sorted({ROUND_MODE[p.type] for p, _ in mats}):
+                self.launch(self.lib.get("act_half"), (rows,), (NORM_THREADS,),
+                            [x, self.ws.ptr[f"r{mode}"], k, mode])  # fmt: skip
+            bm = self.gemm_rows or self._gemm_tile_rows(rows, [p.n for p, _ in mats])
+            grid = (-(-rows // bm), -(-max_n // GEMM_N), count)
+            self.launch(self.lib.get(f"gemm_m{bm}"), grid, (GEMM_THREADS,),
+                        [self.ws.descs_p, first, rows])  # fmt: skip
+            return
         modes = {ROUND_MODE[p.type] for p, _ in mats} if self.round_prefill else set()
         for mode in sorted(modes - {0}):
             self.launch(self.op["act_round"], (rows,), (NORM_THREADS,),
@@ -129,6 +143,12 @@ class Plan:
         grid = (-(-max_n // 64), -(-rows // 64), count)
         descs = self.ws.descs_p if self.round_prefill else self.ws.descs
         self.launch(self.mm_tiled, grid, (256,), [descs, first, rows])
+
+    def _gemm_tile_rows(self, rows: int, ns: list[int]) -> int:
+        """128-row tiles (each weight decoded half as often) when they still give every compute
+        unit two blocks, else 64-row tiles."""
+        blocks = -(-rows // 128) * sum(-(-n // GEMM_N) for n in ns)
+        return 128 if blocks >= 2 * self.lib.runtime.props.compute_units else 64
 
     def glu(self, first: int, rows: int) -> None:
         """g = act(h Wg^T) * (h Wu^T)."""
