@@ -1,9 +1,11 @@
 """GPU benchmark of the hip backend: decode tg128 (batch 1, graph replay) and prefill pp512 on the
 default model (or its shape twin) and on the Llama-3-8B-shape twin, with achieved memory
-bandwidth, the bandwidth floor (measured with a large device-to-device copy here) and per-kernel
-event timings of one decode step.
+bandwidth, the bandwidth floor (measured with a large device-to-device copy here), per-kernel
+event timings of one decode step and of one pp512 prefill, and the prefill products' TFLOP/s.
 
-  python benchmarks/gpu_bench.py [--models default,llama8b] [--out DIR]
+  python benchmarks/gpu_bench.py [--models default,llama8b] [--out DIR] [--gemm-rows 64,128]
+
+--gemm-rows also times pp512 with gemm.hip's row tile forced to each value (default: by size).
 
 Twins are built from benchmarks/specs/*.spec.json.gz with scripts/gguf_twin.py (into --work).
 Prints one JSON object and a short table; writes bench.json into --out when given.
@@ -69,7 +71,7 @@ def bytes_per_token(spec, gguf) -> int:
     return sum(gguf.tensors[n].nbytes for n in names)
 
 
-def bench_model(key: str, work: Path, bandwidth: float) -> dict:
+def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) -> dict:
     import forge
     from forge.backend import SeqBatch
 
@@ -89,6 +91,18 @@ def bench_model(key: str, work: Path, bandwidth: float) -> dict:
 
     prefill()  # warm-up (kernel compile, caches)
     pp = min(prefill() for _ in range(3))
+    pp_by_rows = {}
+    for bm in gemm_rows:
+        runner.plan.gemm_rows = bm
+        prefill()
+        pp_by_rows[bm] = round(512 / min(prefill() for _ in range(2)), 1)
+    runner.plan.gemm_rows = None
+    runner.launch.start_profile()
+    prefill()
+    pprof = runner.launch.stop_profile()
+    # products of the layers (the output head runs for the last row only)
+    flops = 2 * 512 * sum(p.n * p.k for p, _ in runner.plan.mats[:-2])
+    gemm_ms = sum(ms for k, (_, ms) in pprof.items() if k.startswith(("gemm_", "mm_tiled")))
 
     def decode(n: int) -> float:
         tok = int(runner.forward_argmax([SeqBatch(prompt[:1], 0, table)])[0])
@@ -113,6 +127,13 @@ def bench_model(key: str, work: Path, bandwidth: float) -> dict:
         "decode_bandwidth_GBs": round(nbytes * tok_s / 1e9, 1),
         "decode_floor_tok_s": round(bandwidth / nbytes, 1),
         "prefill_pp512_tok_s": round(512 / pp, 1),
+        "prefill_pp512_by_gemm_rows": pp_by_rows,
+        "prefill_tflops": round(flops / pp / 1e12, 2),
+        "prefill_gemm_tflops": round(flops / (gemm_ms / 1e3) / 1e12, 2) if gemm_ms else None,
+        "prefill_profiled_ms_sum": round(sum(ms for _, ms in pprof.values()), 3),
+        "prefill_kernel_ms": {
+            k: [n, round(ms, 3)] for k, (n, ms) in sorted(pprof.items(), key=lambda kv: -kv[1][1])
+        },  # fmt: skip
         "kernels_per_decode_step": kernels_per_step,
         "profiled_step_ms_sum": round(step_ms, 4),
         "kernel_ms": {
@@ -128,7 +149,9 @@ def main() -> int:
     ap.add_argument("--models", default="default,llama8b")
     ap.add_argument("--work", default=os.environ.get("TMPDIR", "/tmp"))
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--gemm-rows", default="", help="e.g. 64,128: pp512 per forced row tile")
     args = ap.parse_args()
+    gemm_rows = [int(v) for v in args.gemm_rows.split(",") if v]
     from forge_hip.runtime import open_runtime
 
     rt = open_runtime()
@@ -137,7 +160,7 @@ def main() -> int:
     rt.close()
     results = {"device": device, "copy_bandwidth_GBs": round(bw / 1e9, 1), "models": []}
     for key in args.models.split(","):
-        results["models"].append(bench_model(key, Path(args.work), bw))
+        results["models"].append(bench_model(key, Path(args.work), bw, gemm_rows))
         print(json.dumps(results["models"][-1]), flush=True)
     print(json.dumps(results, indent=1))
     print(f"\n{device}, device-to-device copy {bw / 1e9:.0f} GB/s")
@@ -151,6 +174,15 @@ def main() -> int:
         print(
             "   top kernels (launches, ms):", ", ".join(f"{k} {n}x {ms:.3f}" for k, (n, ms) in top)
         )  # noqa: E501
+        top = list(m["prefill_kernel_ms"].items())[:8]
+        print(
+            "   pp512 kernels (launches, ms):",
+            ", ".join(f"{k} {n}x {ms:.2f}" for k, (n, ms) in top),
+        )
+        print(
+            f"   pp512 {m['prefill_tflops']} TFLOP/s overall, products "
+            f"{m['prefill_gemm_tflops']} TFLOP/s, by row tile {m['prefill_pp512_by_gemm_rows']}"
+        )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
