@@ -38,6 +38,7 @@ def model_path(key: str, work: Path) -> tuple[str, str]:
             pass
     out = work / f"{key}-twin.gguf"
     if not out.exists():
+        work.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         spec = ROOT / "benchmarks" / "specs" / SPECS[key]
         script = ROOT / "scripts" / "gguf_twin.py"
@@ -69,6 +70,28 @@ def bytes_per_token(spec, gguf) -> int:
     """Weight bytes one decode token reads: every layer matrix and the output head."""
     names = [n for n in spec.weight_names() if n != "token_embd.weight" or spec.tied_output]
     return sum(gguf.tensors[n].nbytes for n in names)
+
+
+def product_timings(runner, rows: int, tiles: list[int | None], reps: int = 5) -> dict:
+    """ms and TFLOP/s of layer 0's prefill products (activation rounding included) for `rows`
+    rows, per row tile (None: the plan's choice); run after a prefill so inputs are real."""
+    plan, rt, stream = runner.plan, runner.rt, runner.stream
+    out = {}
+    for name, count in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1)):
+        first = plan.layers[0][name]
+        flops = 2 * rows * sum(p.n * p.k for p, _ in plan.mats[first : first + count])
+        for bm in tiles:
+            plan.gemm_rows = bm
+            plan.matmul(first, count, rows)
+            start, end = rt.event(), rt.event()
+            rt.record(start, stream)
+            for _ in range(reps):
+                plan.matmul(first, count, rows)
+            rt.record(end, stream)
+            ms = rt.elapsed_ms(start, end) / reps
+            out[f"{name} {bm or 'auto'}"] = [round(ms, 4), round(flops / ms / 1e9, 1)]
+    plan.gemm_rows = None
+    return out
 
 
 def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) -> dict:
@@ -103,6 +126,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     # products of the layers (the output head runs for the last row only)
     flops = 2 * 512 * sum(p.n * p.k for p, _ in runner.plan.mats[:-2])
     gemm_ms = sum(ms for k, (_, ms) in pprof.items() if k.startswith(("gemm_", "mm_tiled")))
+    products = product_timings(runner, 512, [None, *gemm_rows])
 
     def decode(n: int) -> float:
         tok = int(runner.forward_argmax([SeqBatch(prompt[:1], 0, table)])[0])
@@ -130,6 +154,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         "prefill_pp512_by_gemm_rows": pp_by_rows,
         "prefill_tflops": round(flops / pp / 1e12, 2),
         "prefill_gemm_tflops": round(flops / (gemm_ms / 1e3) / 1e12, 2) if gemm_ms else None,
+        "prefill_products_ms_tflops": products,
         "prefill_profiled_ms_sum": round(sum(ms for _, ms in pprof.values()), 3),
         "prefill_kernel_ms": {
             k: [n, round(ms, 3)] for k, (n, ms) in sorted(pprof.items(), key=lambda kv: -kv[1][1])
@@ -182,6 +207,12 @@ def main() -> int:
         print(
             f"   pp512 {m['prefill_tflops']} TFLOP/s overall, products "
             f"{m['prefill_gemm_tflops']} TFLOP/s, by row tile {m['prefill_pp512_by_gemm_rows']}"
+        )
+        print(
+            "   layer-0 products (ms, TFLOP/s):",
+            ", ".join(
+                f"{k} {v[0]:.3f} {v[1]:.0f}" for k, v in m["prefill_products_ms_tflops"].items()
+            ),
         )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
