@@ -51,8 +51,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd.insert(4, args.model)
     if args.backend:
         cmd += ["--backend", args.backend]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ))  # fmt: skip
+    log = open(args.server_log, "wb") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -131,6 +131,8 @@ def main() -> int:
     p.add_argument("--requests-per-stream", type=int, default=2)
     p.add_argument("--time-limit", type=float, default=180.0, help="seconds per level at most")
     p.add_argument("--n-ctx", type=int, default=4096, help="context (the KV pool) of the server")
+    p.add_argument("--server-log", help="file for the started server's stdout and stderr")
+    p.add_argument("--json-out", help="also write the result JSON here")
     args = p.parse_args()
     proc = None
     if args.url:
@@ -154,7 +156,11 @@ def main() -> int:
     base = levels[0]["tokens_per_s"] or 1.0
     for level in levels:
         level["speedup_vs_first"] = round(level["tokens_per_s"] / base, 2)
-    print(json.dumps({"max_tokens": args.max_tokens, "levels": levels}, indent=2))
+    result = {"max_tokens": args.max_tokens, "backend": args.backend, "levels": levels}
+    print(json.dumps(result, indent=2))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=2)
     print(f"\n{'streams':>7} {'requests':>8} {'tokens':>7} {'tok/s':>8} {'x':>6} "
           f"{'ttft p50':>9} {'ttft p95':>9}")  # fmt: skip
     for lv in levels:
