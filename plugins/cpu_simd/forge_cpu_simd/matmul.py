@@ -58,7 +58,7 @@ class DenseMatmul:
 # 262144x640 head: 8 rows in one sgemm 67 ms, in chunks under this size on two threads 36 ms
 # (one row, sgemv: 23 ms).
 SMALL_GEMM_MNK = 1_000_000
-STREAMED_BYTES = 64 << 20  # weights this large stream from DRAM: chunking pays for them
+CHUNKED_MIN_BYTES = 1 << 20  # below this, handing work to another thread costs more than it saves
 MAX_CHUNKED_ROWS = 16
 
 
@@ -72,7 +72,7 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
     rows, k = x.shape
     if rows == 1:
         return (W @ x[0])[None, :]
-    if rows <= MAX_CHUNKED_ROWS and W.nbytes >= STREAMED_BYTES:
+    if rows <= MAX_CHUNKED_ROWS and W.nbytes >= CHUNKED_MIN_BYTES:
         return _chunked_product(W, np.ascontiguousarray(x.T), SMALL_GEMM_MNK // (rows * k))
     return (W @ x.T).T
 
