@@ -11,15 +11,12 @@ Prepared weights here are `DenseWeight`s: float32 [out, in] plus the activation 
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
-
 import numpy as np
 
 from forge.gguf import TensorInfo
 from forge_cpu_simd.act_round import activation_rounding
 from forge_cpu_simd.dequant import dequantize
+from forge_cpu_simd.threads import run_split
 
 
 class DenseWeight:
@@ -66,8 +63,8 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x @ W.T for W float32 [out, in] and x float32 [rows, in].
 
     W @ x.T is used rather than x @ W.T: OpenBLAS then packs the small operand, not the
-    weight (faster for every row count measured, 2..128). A streamed weight with few rows goes
-    through the small-matrix kernels in chunks spread over threads.
+    weight (faster for every row count measured, 2..128). Few rows times a weight over 1 MiB
+    go through the small-matrix kernels in chunks spread over the worker threads.
     """
     rows, k = x.shape
     if rows == 1:
@@ -77,17 +74,8 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (W @ x.T).T
 
 
-def _workers() -> int:
-    return max(1, os.cpu_count() or 1)
-
-
-@lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max(1, _workers() - 1), thread_name_prefix="forge-gemm")
-
-
 def _chunked_product(W: np.ndarray, xt: np.ndarray, chunk: int) -> np.ndarray:
-    """W @ xt in chunks of `chunk` weight rows, split over the calling thread and the pool."""
+    """W @ xt in chunks of `chunk` weight rows, the chunks split over the worker threads."""
     n = W.shape[0]
     out = np.empty((n, xt.shape[1]), dtype=np.float32)
 
@@ -96,11 +84,7 @@ def _chunked_product(W: np.ndarray, xt: np.ndarray, chunk: int) -> np.ndarray:
             j = min(i + chunk, hi)
             np.matmul(W[i:j], xt, out=out[i:j])
 
-    step = -(-n // _workers())
-    futures = [_pool().submit(run, lo, min(lo + step, n)) for lo in range(step, n, step)]
-    run(0, min(step, n))
-    for f in futures:
-        f.result()
+    run_split(n, run)
     return out.T
 
 
