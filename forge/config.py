@@ -20,25 +20,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from forge.errors import ConfigError
+from forge.sampling.params import SamplingParams
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 
-class SamplingConfig(BaseModel):
-    """Default sampling parameters (llama.cpp's defaults); requests and flags override them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = Field(0.8, ge=0)  # 0 = greedy
-    top_k: int = Field(40, ge=0)  # 0 = off
-    top_p: float = Field(0.95, gt=0, le=1)  # 1 = off
-    min_p: float = Field(0.05, ge=0, le=1)  # 0 = off
-    repeat_penalty: float = Field(1.0, gt=0)  # 1 = off
-    repeat_last_n: int = Field(64, ge=-1)  # tokens the penalty looks back at; -1 = all
-    seed: int | None = Field(None, ge=0)  # None = fresh entropy
+# The config's sampling table takes SamplingParams' own fields (types, ranges, defaults), less
+# the ones that only make sense per request.
+_PER_REQUEST_SAMPLING = {"logit_bias", "chain"}
+SamplingConfig = create_model(
+    "SamplingConfig",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="Default sampling parameters (llama.cpp's defaults); requests and flags override them.",
+    **{
+        name: (field.annotation, field)
+        for name, field in SamplingParams.model_fields.items()
+        if name not in _PER_REQUEST_SAMPLING
+    },
+)
 
 
 class ServerConfig(BaseModel):

@@ -38,6 +38,19 @@ def test_sampling_defaults_are_valid_sampling_params():
     assert SamplingParams(**sampling).model_dump(include=set(sampling)) == sampling
 
 
+def test_sampling_table_follows_sampling_params():
+    from forge.sampling import SamplingParams
+
+    fields = set(Config().sampling.model_dump())
+    assert fields == set(SamplingParams.model_fields) - {"logit_bias", "chain"}
+    config, sources = load_config(environ={"FORGE_SAMPLING_PRESENCE_PENALTY": "1.5"})
+    assert config.sampling.presence_penalty == 1.5
+    with pytest.raises(ConfigError, match="presence_penalty"):
+        load_config(environ={"FORGE_SAMPLING_PRESENCE_PENALTY": "3"})  # SamplingParams: <= 2
+    with pytest.raises(ConfigError, match="top_p"):
+        load_config({"sampling.top_p": "nan"})
+
+
 def test_precedence_file_env_flag(tmp_path):
     path = write(tmp_path / "c.toml", 'backend = "hip"\ndevice = 1\nn_ctx = 512\n'
                                       '[server]\nport = 9000\nhost = "0.0.0.0"\n')  # fmt: skip
