@@ -8,6 +8,7 @@ and sampling stays in the core; the runner only computes.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +38,88 @@ class SeqBatch:
     output: Literal["last", "all", "none"] = "last"  # which rows of logits to return
 
 
+@dataclass(frozen=True)
+class DeviceSampling:
+    """How to pick one sequence's next token without the host: the built-in chain top_k ->
+    top_p -> min_p -> temperature -> draw (`forge.sampling`'s stages, same rules and ties), or
+    the argmax when `temperature` is 0.
+
+    The draw takes the first kept token, in token-id order, whose running sum of
+    softmax weights exceeds ``u`` times their total, with ``u = philox_uniform(key, counter)``:
+    the same key and counter (the sequence's token index) always give the same ``u``.
+    """
+
+    temperature: float = 0.0  # 0: argmax (lowest id among ties)
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    key: int = 0  # 64-bit key of the sequence's random stream
+    counter: int = 0  # which draw of that stream (32-bit)
+
+    @property
+    def log_min_p(self) -> float:
+        return math.log(self.min_p) if self.min_p > 0.0 else -math.inf
+
+
+_M32 = 0xFFFFFFFF
+
+
+def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
+    four 32-bit words from a 128-bit counter block and a 64-bit key."""
+    x0, x1, x2, x3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * x0, 0xCD9E8D57 * x2
+        x0, x1, x2, x3 = (
+            ((p1 >> 32) ^ x1 ^ k0) & _M32,
+            p1 & _M32,
+            ((p0 >> 32) ^ x3 ^ k1) & _M32,
+            p0 & _M32,
+        )
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return x0, x1, x2, x3
+
+
+def philox_uniform(key: int, counter: int) -> float:
+    """A uniform double in [0, 1): 53 bits of the first two words of Philox4x32-10 with key
+    (key's low 32 bits, high 32 bits) and counter block (counter, 0, 0, 0). sampling.hip
+    computes the same."""
+    x0, x1, _, _ = philox4x32((counter & _M32, 0, 0, 0), (key & _M32, (key >> 32) & _M32))
+    return ((x0 >> 5) * 67108864 + (x1 >> 6)) / 9007199254740992.0
+
+
+def sample_host(logits: np.ndarray, pick: DeviceSampling) -> int:
+    """`pick` applied on the host to one logits row [n_vocab] with forge.sampling's own stages:
+    the reference of a device's `forward_sample`."""
+    from forge.sampling.pickers import check_top, greedy_pick
+    from forge.sampling.select import survivors, weighted_index
+    from forge.sampling.stages import MinP, Temperature, TopK, TopP
+
+    if pick.temperature == 0.0:
+        return greedy_pick(np.asarray(logits, np.float32), None)
+    work = np.array(logits, dtype=np.float32)
+    check_top(float(work.max()))
+    stages = [TopK(pick.top_k) if pick.top_k > 0 else None,
+              TopP(pick.top_p) if pick.top_p < 1.0 else None,
+              MinP(pick.min_p) if pick.min_p > 0.0 else None,
+              Temperature(pick.temperature) if pick.temperature != 1.0 else None]  # fmt: skip
+    for stage in stages:
+        if stage is not None:
+            work = stage(work, None)
+    top = work.max()
+    ids, values = survivors(work)
+    i = weighted_index(np.exp(values - top), philox_uniform(pick.key, pick.counter))
+    return int(i if ids is None else ids[i])
+
+
 class Runner(ABC):
     """A model placed on one device, ready to run forward passes."""
 
     spec: ModelSpec
+    # True when `forward_sample` picks on the device (only token ids come back); the engine
+    # then uses it for every sequence whose chain `DeviceSampling` can express.
+    samples_on_device: ClassVar[bool] = False
 
     @abstractmethod
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
@@ -59,6 +138,18 @@ class Runner(ABC):
         pick on the device override this so that no logits row is copied to the host."""
         rows = self.forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch])
         return [int(np.argmax(r[-1])) for r in rows if r is not None]
+
+    def forward_sample(
+        self, batch: list[SeqBatch], picks: list[DeviceSampling | None]
+    ) -> list[int | None]:
+        """Run `batch` and pick the next token of each sequence whose `picks` entry is given
+        (its last row; None entries produce no row and get None). This default computes the
+        logits and picks on the host (`sample_host`); backends with `samples_on_device`
+        override it so that only token ids leave the device."""
+        rows = self.forward([SeqBatch(b.tokens, b.start, b.block_table,
+                                      "last" if p is not None else "none")
+                             for b, p in zip(batch, picks)])  # fmt: skip
+        return [None if p is None else sample_host(r[-1], p) for r, p in zip(rows, picks)]
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free device memory. Safe to call twice."""

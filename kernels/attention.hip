@@ -1,124 +1,374 @@
-// attention.hip: decode attention (one query token per sequence) over a paged float16 KV cache,
-// split over the KV length ("flash decoding"), with grouped-query heads and a sliding window.
+// attention.hip: the attention of a transformer layer over a paged KV cache, R token rows at once.
 //
-// Cache layout: kc, vc are u16 (IEEE half) [n_slots, n_kv_head, D]; position p of the sequence
-// lives in slot block_table[p / block_size] * block_size + p % block_size.
-// The number of cached positions n_kv (the query's own included) is read from device memory so a
-// captured graph replays for every step. Window w > 0 keeps only the last w positions.
+// Per-row metadata lives in device memory (int32, written by one host->device copy per step, so a
+// captured graph replays with new values): pos[r] (the row's position), slots[r] (its KV-cache
+// slot), btoff[r] (offset of its sequence's block table in the flat table array bt).
+// KV caches: kc [n_slots, n_kv_head, D], vc [n_slots, n_kv_head, Dv], float16 (kv_f16 = 1) or f32;
+// position p of a sequence lives in slot bt[p / block_size] * block_size + p % block_size.
 //
-// Step 1, attn_decode_partial: grid = (n_head, n_splits), block = ATT_THREADS threads.
-//   Writes, per (head, split), unnormalised o[D] and (max, sum) of its share of the positions.
-// Step 2, attn_decode_combine: grid = n_head, block = any; out[h, :] = merged softmax(q.K) V.
+// Kernels:
+//   qk_rope_store  Q/K RMSNorm + RoPE in place, K/V into the cache (prefill and mixed batches)
+//   attn_rows      causal attention of each row over its cached positions (after qk_rope_store)
+//   attn_decode    one token per sequence: norm + RoPE of its Q/K, the K/V store and attention
+//                  in one launch (the row's own K/V come from registers, not from the cache)
+// Both attention kernels split the positions over blockIdx.z (flash decoding) into as many splits
+// as the length needs (ATT_SPLIT_MIN positions each at least, gridDim.z at most), decided on the
+// device so a captured graph serves every length. One split writes the output directly; with more,
+// each block writes its partial (o, max, sum) and the last block of a (row, head) to finish, found
+// through an atomic counter (cnt, zero between launches), merges them: no combine launch.
 #include "forge_hip.h"
 
-#define ATT_THREADS 128
-#define ATT_TILE 64
-#define ATT_MAX_D 512
-#define ATT_ACC (ATT_MAX_D / ATT_THREADS)
+#define LAYER_MAX_D 512
+#define ATT_MAX_WARPS 8  // blocks of up to 256 threads (8 warps on NVIDIA, 4 on wave64 AMD)
+#define ATT_CHUNK 16  // positions a warp takes at once (their cache slots are looked up together)
+#define ATT_SPLIT_MIN 128  // positions per split at least
+#define ATT_NEG (-3.402823466e38f)
 
-FORGE_KERNEL void kv_store(const float* __restrict__ k, const float* __restrict__ v,
-                           u16* __restrict__ kc, u16* __restrict__ vc,
-                           const i32* __restrict__ slots, int row) {
-    // k, v: float [n_tokens, row]; token t goes to cache slot slots[t]. grid = n_tokens.
-    i64 src = (i64)blockIdx.x * row, dst = (i64)slots[blockIdx.x] * row;
-    for (int i = threadIdx.x; i < row; i += blockDim.x) {
-        kc[dst + i] = f2h(k[src + i]);
-        vc[dst + i] = f2h(v[src + i]);
-    }
-}
-
-FORGE_DEV i64 slot_of(const i32* bt, int block_size, int p) {
-    return (i64)bt[p / block_size] * block_size + p % block_size;
-}
-
-FORGE_KERNEL void attn_decode_partial(const float* __restrict__ q, const u16* __restrict__ kc,
-                                      const u16* __restrict__ vc, const i32* __restrict__ bt,
-                                      const i32* __restrict__ n_kv_ptr, float* __restrict__ part_o,
-                                      float* __restrict__ part_ml, int n_kv_head, int D,
-                                      int block_size, float scale, int window) {
-    __shared__ float qs[ATT_MAX_D];
-    __shared__ float sc[ATT_TILE];
-    __shared__ float scratch[32];
-    const int h = blockIdx.x, s = blockIdx.y, n_head = gridDim.x, n_splits = gridDim.y;
-    const int kvh = h / (n_head / n_kv_head);
-    const int tid = threadIdx.x, lane = tid % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
-    const int nwarps = blockDim.x / FORGE_WARP;
-    const i64 row = (i64)n_kv_head * D;
-
-    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = q[(i64)h * D + d] * scale;
-    const int n_kv = *n_kv_ptr;
-    const int lo = window > 0 && n_kv > window ? n_kv - window : 0;
-    const int per = (n_kv - lo + n_splits - 1) / n_splits;
-    const int begin = lo + s * per;
-    const int end = begin + per < n_kv ? begin + per : n_kv;
-
-    float m = -3.402823466e38f, l = 0.0f, acc[ATT_ACC];
-#pragma unroll
-    for (int j = 0; j < ATT_ACC; ++j) acc[j] = 0.0f;
-    __syncthreads();
-
-    for (int t0 = begin; t0 < end; t0 += ATT_TILE) {
-        const int n = end - t0 < ATT_TILE ? end - t0 : ATT_TILE;
-        for (int t = warp; t < n; t += nwarps) {  // one warp per position: q . k
-            const u16* kr = kc + slot_of(bt, block_size, t0 + t) * row + (i64)kvh * D;
-            float dot = 0.0f;
-            for (int d = lane; d < D; d += FORGE_WARP) dot += qs[d] * h2f(kr[d]);
-            dot = warp_sum(dot);
-            if (lane == 0) sc[t] = dot;
-        }
-        __syncthreads();
-        float tmax = block_max(tid < n ? sc[tid] : -3.402823466e38f, scratch);
-        const float m_new = fmaxf(m, tmax);
-        const float factor = expf(m - m_new);
-        __syncthreads();
-        float psum = 0.0f;
-        if (tid < n) {
-            float p = expf(sc[tid] - m_new);
-            sc[tid] = p;
-            psum = p;
-        }
-        psum = block_sum(psum, scratch);  // its barriers also publish sc
-        l = l * factor + psum;
-        m = m_new;
-#pragma unroll
-        for (int j = 0; j < ATT_ACC; ++j) {
-            const int d = threadIdx.x + j * ATT_THREADS;
-            if (d < D) {
-                float a = acc[j] * factor;
-                for (int t = 0; t < n; ++t) {
-                    a += sc[t] * h2f(vc[slot_of(bt, block_size, t0 + t) * row + (i64)kvh * D + d]);
-                }
-                acc[j] = a;
-            }
-        }
-        __syncthreads();
-    }
-    const i64 part = (i64)h * n_splits + s;
-#pragma unroll
-    for (int j = 0; j < ATT_ACC; ++j) {
-        const int d = threadIdx.x + j * ATT_THREADS;
-        if (d < D) part_o[part * D + d] = acc[j];
-    }
-    if (threadIdx.x == 0) {
-        part_ml[2 * part] = m;
-        part_ml[2 * part + 1] = l;
-    }
-}
-
-FORGE_KERNEL void attn_decode_combine(const float* __restrict__ part_o,
-                                      const float* __restrict__ part_ml, float* __restrict__ out,
-                                      int D, int n_splits) {
-    const int h = blockIdx.x;
-    const float* ml = part_ml + (i64)h * n_splits * 2;
-    float mx = -3.402823466e38f;
-    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-    float total = 0.0f;
-    for (int s = 0; s < n_splits; ++s) total += ml[2 * s + 1] * expf(ml[2 * s] - mx);
+// dst[i] = post * rope(rmsnorm(src) * nw)[i] over one head of D (norm only when nw, rotation of
+// the first n_rot dims at position p). The whole block calls it; hs is D floats of shared scratch
+// (not dst); ends with a barrier. dst may be global or shared.
+FORGE_DEV void norm_rope(const float* src, const float* nw, float* hs, float* dst, float* scratch,
+                         int D, int n_rot, int neox, float p, float base, float eps, float post) {
+    float ss = 0.0f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; ++s) {
-            o += part_o[((i64)h * n_splits + s) * D + d] * expf(ml[2 * s] - mx);
-        }
-        out[(i64)h * D + d] = o / total;
+        hs[d] = src[d];
+        ss += hs[d] * hs[d];
     }
+    const float inv = nw ? rsqrtf(block_sum(ss, scratch) / (float)D + eps) : 1.0f;
+    __syncthreads();
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        if (i < half) {
+            const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
+            const float c = cosf(theta), s = sinf(theta);
+            float x0 = hs[a], x1 = hs[b];
+            if (nw) {
+                x0 *= inv * nw[a];
+                x1 *= inv * nw[b];
+            }
+            dst[a] = (x0 * c - x1 * s) * post;
+            dst[b] = (x0 * s + x1 * c) * post;
+        } else if (i >= 2 * half) {  // dims past the rotated ones
+            dst[i] = (nw ? hs[i] * inv * nw[i] : hs[i]) * post;
+        }
+    }
+    __syncthreads();
+}
+
+// Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
+// are stored to the cache; V heads are stored. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv].
+// Launch: grid = (H + 2 * Hkv, R), block = any multiple of the warp size.
+FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
+                                const float* __restrict__ v, const float* __restrict__ qnw,
+                                const float* __restrict__ knw, const i32* __restrict__ pos,
+                                const i32* __restrict__ slots, void* kc, void* vc, int H, int Hkv,
+                                int D, int Dv, int n_rot, int neox, float base, float freq_scale,
+                                float eps, int kv_f16) {
+    __shared__ float hs[LAYER_MAX_D];
+    __shared__ float scratch[32];
+    const int j = blockIdx.x, r = blockIdx.y;
+    const i64 slot = slots[r];
+    if (j >= H + Hkv) {  // a V head: store only
+        const int vh = j - H - Hkv;
+        const float* src = v + ((i64)r * Hkv + vh) * Dv;
+        const i64 dst = (slot * Hkv + vh) * Dv;
+        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+            if (kv_f16) ((u16*)vc)[dst + d] = f2h(src[d]);
+            else ((float*)vc)[dst + d] = src[d];
+        }
+        return;
+    }
+    const bool is_q = j < H;
+    float* xh = is_q ? q + ((i64)r * H + j) * D : k + ((i64)r * Hkv + (j - H)) * D;
+    norm_rope(xh, is_q ? qnw : knw, hs, xh, scratch, D, n_rot, neox, (float)pos[r] * freq_scale,
+              base, eps, 1.0f);
+    if (is_q) return;
+    const i64 dst = (slot * Hkv + (j - H)) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        if (kv_f16) ((u16*)kc)[dst + d] = f2h(xh[d]);
+        else ((float*)kc)[dst + d] = xh[d];
+    }
+}
+
+FORGE_DEV int shfl_idx(int v, int src) {
+#if defined(FORGE_AMD)
+    return __shfl(v, src, FORGE_WARP);
+#else
+    return __shfl_sync(0xffffffffu, v, src, FORGE_WARP);
+#endif
+}
+
+template <bool F16>
+FORGE_DEV float kv_at(const void* c, i64 i) {
+    return F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
+}
+
+// Which positions block s of a row attends to: [begin, end) of lo .. n_kv - 1.
+struct AttSplit {
+    int n_eff, begin, end;
+};
+
+FORGE_DEV AttSplit att_split(int n_kv, int window, int s, int n_grid) {
+    const int lo = window > 0 && n_kv > window ? n_kv - window : 0;
+    const int len = n_kv - lo;
+    int n_eff = (len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN;
+    n_eff = n_eff < 1 ? 1 : (n_eff > n_grid ? n_grid : n_eff);
+    const int per = (len + n_eff - 1) / n_eff;
+    AttSplit a;
+    a.n_eff = n_eff;
+    a.begin = lo + s * per;
+    a.end = a.begin + per < n_kv ? a.begin + per : n_kv;
+    return a;
+}
+
+struct AttArgs {
+    const void* kc;
+    const void* vc;
+    const i32* table;  // the row's block table
+    const float* ks;  // shared: K and V of position self_pos (which is not read from the cache)
+    const float* vs;
+    int self_pos;  // -1: none
+    int block_size, Hkv, kvh, D, Dv, begin, end;
+};
+
+// Online-softmax attention of each warp over its chunks of [begin, end): every warp keeps its own
+// running max m, sum l and output acc (NPL values per lane: d = lane + j * FORGE_WARP), then
+// leaves them in wm[warp], wl[warp] and wacc[warp * LAYER_MAX_D + d]. qs: the scaled query.
+template <int NPL, bool F16>
+FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
+    constexpr int U = NPL >= 16 ? 2 : 4;  // positions loaded at once per warp
+    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int nwarps = blockDim.x / FORGE_WARP;
+    float q[NPL], acc[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int d = lane + j * FORGE_WARP;
+        q[j] = d < a.D ? qs[d] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = ATT_NEG, l = 0.0f;
+    for (int c0 = a.begin + warp * ATT_CHUNK; c0 < a.end; c0 += nwarps * ATT_CHUNK) {
+        const int cn = a.end - c0 < ATT_CHUNK ? a.end - c0 : ATT_CHUNK;
+        int my = -1;  // cache slot of position c0 + lane; -1 for the row's own position
+        if (lane < cn && c0 + lane != a.self_pos) {
+            const int p = c0 + lane;
+            my = a.table[p / a.block_size] * a.block_size + p % a.block_size;
+        }
+        for (int t = 0; t < cn; t += U) {
+            float kk[U][NPL], vv[U][NPL], sc[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int slot = shfl_idx(my, (t + u) % FORGE_WARP);
+                const bool valid = t + u < cn;  // the same on every lane
+                const i64 kb = ((i64)slot * a.Hkv + a.kvh) * a.D;
+                const i64 vb = ((i64)slot * a.Hkv + a.kvh) * a.Dv;
+#pragma unroll
+                for (int j = 0; j < NPL; ++j) {
+                    const int d = lane + j * FORGE_WARP;
+                    float x = 0.0f, y = 0.0f;
+                    if (valid && slot >= 0) {
+                        if (d < a.D) x = kv_at<F16>(a.kc, kb + d);
+                        if (d < a.Dv) y = kv_at<F16>(a.vc, vb + d);
+                    } else if (valid) {
+                        if (d < a.D) x = a.ks[d];
+                        if (d < a.Dv) y = a.vs[d];
+                    }
+                    kk[u][j] = x;
+                    vv[u][j] = y;
+                }
+            }
+            float mx = m;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NPL; ++j) dot += q[j] * kk[u][j];
+                dot = warp_sum(dot);
+                sc[u] = t + u < cn ? dot : ATT_NEG;
+                mx = fmaxf(mx, sc[u]);
+            }
+            const float f = expf(m - mx);
+            l *= f;
+#pragma unroll
+            for (int j = 0; j < NPL; ++j) acc[j] *= f;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float pu = t + u < cn ? expf(sc[u] - mx) : 0.0f;
+                l += pu;
+#pragma unroll
+                for (int j = 0; j < NPL; ++j) acc[j] += pu * vv[u][j];
+            }
+            m = mx;
+        }
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < NPL; ++j) {
+        const int d = lane + j * FORGE_WARP;
+        if (d < a.Dv) wacc[warp * LAYER_MAX_D + d] = acc[j];
+    }
+}
+
+template <bool F16>
+FORGE_DEV void attend_any(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
+    const int widest = a.D > a.Dv ? a.D : a.Dv;
+    const int npl = (widest + FORGE_WARP - 1) / FORGE_WARP;
+    if (npl <= 2) attend<2, F16>(a, qs, wm, wl, wacc);
+    else if (npl <= 4) attend<4, F16>(a, qs, wm, wl, wacc);
+    else if (npl <= 8) attend<8, F16>(a, qs, wm, wl, wacc);
+    else attend<16, F16>(a, qs, wm, wl, wacc);
+}
+
+// Merge the warps' results of one block, then write the output (one split) or the block's
+// partial; the last block of the (row, head) to finish merges the partials. rh = r * H + h.
+FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, int Dv, int n_eff,
+                          int s, int n_grid, i64 rh, float* part_o, float* part_ml, u32* cnt,
+                          float* out, int* flag) {
+    __syncthreads();  // every warp's wm, wl, wacc
+    const int nwarps = blockDim.x / FORGE_WARP;
+    float mx = ATT_NEG;
+    for (int w = 0; w < nwarps; ++w) mx = fmaxf(mx, wm[w]);
+    float fw[ATT_MAX_WARPS], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_MAX_WARPS; ++w) {
+        fw[w] = w < nwarps ? expf(wm[w] - mx) : 0.0f;
+        total += w < nwarps ? wl[w] * fw[w] : 0.0f;
+    }
+    float* orow = out + rh * Dv;
+    const i64 part = rh * n_grid + s;
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_MAX_WARPS; ++w) {
+            if (w < nwarps) o += wacc[w * LAYER_MAX_D + d] * fw[w];
+        }
+        if (n_eff == 1) orow[d] = o / total;
+        else part_o[part * Dv + d] = o;
+    }
+    if (n_eff == 1) return;
+    if (threadIdx.x == 0) {
+        part_ml[2 * part] = mx;
+        part_ml[2 * part + 1] = total;
+    }
+    __threadfence();  // the partial is visible device-wide before the counter says so
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = atomicAdd(cnt + rh, 1u) == (u32)(n_eff - 1);
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    const volatile float* po = part_o + rh * n_grid * Dv;
+    const volatile float* pm = part_ml + 2 * rh * n_grid;
+    float gm = ATT_NEG;
+    for (int i = 0; i < n_eff; ++i) gm = fmaxf(gm, pm[2 * i]);
+    float gl = 0.0f;
+    for (int i = 0; i < n_eff; ++i) gl += pm[2 * i + 1] * expf(pm[2 * i] - gm);
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        float o = 0.0f;
+        for (int i = 0; i < n_eff; ++i) o += po[(i64)i * Dv + d] * expf(pm[2 * i] - gm);
+        orow[d] = o / gl;
+    }
+    if (threadIdx.x == 0) cnt[rh] = 0u;  // every other block of this (row, head) has counted
+}
+
+// Causal attention of each row's query (already normed and rotated) over its sequence's cached
+// positions 0..pos[r] (the last `window` of them when window > 0). q [R, H, D] -> out [R, H, Dv].
+// grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. part_o [R * H * max splits, Dv],
+// part_ml [R * H * max splits, 2], cnt [R * H] (zero).
+FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, const void* kc,
+    const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* part_o, float* part_ml, u32* cnt, float* out, int Hkv,
+    int D, int Dv, int block_size, float scale, int window, int kv_f16) {
+    __shared__ float qs[LAYER_MAX_D];
+    __shared__ float wm[ATT_MAX_WARPS], wl[ATT_MAX_WARPS];
+    __shared__ float wacc[ATT_MAX_WARPS * LAYER_MAX_D];
+    __shared__ int flag;
+    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
+    const AttSplit sp = att_split(pos[r] + 1, window, s, gridDim.z);
+    if (s >= sp.n_eff) return;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = q[((i64)r * H + h) * D + d] * scale;
+    __syncthreads();
+    AttArgs a;
+    a.kc = kc;
+    a.vc = vc;
+    a.table = bt + btoff[r];
+    a.ks = a.vs = 0;
+    a.self_pos = -1;
+    a.block_size = block_size;
+    a.Hkv = Hkv;
+    a.kvh = h / (H / Hkv);
+    a.D = D;
+    a.Dv = Dv;
+    a.begin = sp.begin;
+    a.end = sp.end;
+    if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
+    else attend_any<false>(a, qs, wm, wl, wacc);
+    att_finish(wm, wl, wacc, Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, part_o, part_ml, cnt, out,
+               &flag);
+}
+
+// Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
+// as the QKV product left them (not normed, not rotated). Every block norms and rotates its query
+// head; the blocks whose split holds the row's own position do the same for the K head, and the
+// first query head of each KV group stores K and V into the cache (nothing else in this launch
+// reads that slot). grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps.
+FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q,
+    const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qnw,
+    const float* __restrict__ knw, const i32* __restrict__ pos, const i32* __restrict__ slots,
+    const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
+    float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
+    float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
+    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D], vs[LAYER_MAX_D];
+    __shared__ float scratch[32];
+    __shared__ float wm[ATT_MAX_WARPS], wl[ATT_MAX_WARPS];
+    __shared__ float wacc[ATT_MAX_WARPS * LAYER_MAX_D];
+    __shared__ int flag;
+    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
+    const int n_kv = pos[r] + 1, group = H / Hkv, kvh = h / group;
+    const AttSplit sp = att_split(n_kv, window, s, gridDim.z);
+    if (s >= sp.n_eff) return;
+    const float p = (float)pos[r] * freq_scale;
+    norm_rope(q + ((i64)r * H + h) * D, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale);
+    const bool has_self = sp.begin < sp.end && sp.end == n_kv;  // uniform over the block
+    if (has_self) {
+        norm_rope(k + ((i64)r * Hkv + kvh) * D, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps,
+                  1.0f);
+        const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
+        const i64 slot = slots[r];
+        const bool store = h % group == 0;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {  // the cache's rounding, as read back
+            const float x = kv_f16 ? h2f(f2h(ks[d])) : ks[d];
+            ks[d] = x;
+            if (store && kv_f16) ((u16*)kc)[(slot * Hkv + kvh) * D + d] = f2h(x);
+            else if (store) ((float*)kc)[(slot * Hkv + kvh) * D + d] = x;
+        }
+        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+            const float y = kv_f16 ? h2f(f2h(vsrc[d])) : vsrc[d];
+            vs[d] = y;
+            if (store && kv_f16) ((u16*)vc)[(slot * Hkv + kvh) * Dv + d] = f2h(y);
+            else if (store) ((float*)vc)[(slot * Hkv + kvh) * Dv + d] = y;
+        }
+        __syncthreads();
+    }
+    AttArgs a;
+    a.kc = kc;
+    a.vc = vc;
+    a.table = bt + btoff[r];
+    a.ks = ks;
+    a.vs = vs;
+    a.self_pos = has_self ? n_kv - 1 : -1;
+    a.block_size = block_size;
+    a.Hkv = Hkv;
+    a.kvh = kvh;
+    a.D = D;
+    a.Dv = Dv;
+    a.begin = sp.begin;
+    a.end = sp.end;
+    if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
+    else attend_any<false>(a, qs, wm, wl, wacc);
+    att_finish(wm, wl, wacc, Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, part_o, part_ml, cnt, out,
+               &flag);
 }

@@ -1,4 +1,8 @@
-"""Decode attention over a paged f16 KV cache (GQA, sliding window, split over the KV length)."""
+"""Attention over a paged KV cache (attention.hip) against float64 NumPy: attn_rows over cached
+positions, and the fused decode kernel attn_decode (Q/K RMSNorm + RoPE, the K/V store, split
+attention with its in-kernel merge) against the reference and against the unfused path
+(qk_rope_store, then attn_rows) on the same inputs. GQA, sliding windows, head sizes 64..512,
+D != Dv, f16 and f32 caches, one split (no merge) and many (merged by the last block)."""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ from forge_hip.library import ATT_THREADS
 
 from tests.gpu.helpers import rel_err
 
+BS = 16  # positions per cache block
+
 
 def attention_ref(q, k, v, scale, window):
-    """q [H, D]; k, v [n_kv, KVH, D] (already f16-rounded) -> [H, D] in float64."""
-    H, D = q.shape
+    """q [H, D]; k [n_kv, KVH, D], v [n_kv, KVH, Dv] (as cached) -> [H, Dv] in float64."""
+    H = q.shape[0]
     n_kv, KVH, _ = k.shape
     lo = max(0, n_kv - window) if window > 0 else 0
-    out = np.empty((H, D))
+    out = np.empty((H, v.shape[2]))
     for h in range(H):
         kh = h // (H // KVH)
         s = (k[lo:, kh].astype(np.float64) @ q[h].astype(np.float64)) * scale
@@ -23,68 +29,159 @@ def attention_ref(q, k, v, scale, window):
     return out
 
 
-@pytest.mark.parametrize(
-    "H,KVH,D,n_kv,window,splits",
-    [
-        (8, 2, 256, 1000, 0, 4),  # Gemma 3 270M's head size, GQA 4:1
-        (8, 2, 256, 1000, 512, 4),  # sliding window
-        (4, 4, 64, 37, 0, 8),  # more splits than some splits have positions
-        (6, 1, 128, 1, 0, 2),  # first token
-    ],
-)
-def test_decode_attention(rt, lib, dev, H, KVH, D, n_kv, window, splits):
+def norm_rope_ref(x, w, pos, n_rot, neox, base, freq_scale, eps):
+    """One head [D]: RMSNorm (when w is given) and RoPE at `pos`, float64."""
+    x = x.astype(np.float64)
+    if w is not None:
+        x = x / np.sqrt(np.mean(x * x) + eps) * w
+    out, half = x.copy(), n_rot // 2
+    i = np.arange(half)
+    theta = pos * freq_scale * base ** (-2.0 * i / n_rot)
+    a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+    out[a] = x[a] * np.cos(theta) - x[b] * np.sin(theta)
+    out[b] = x[a] * np.sin(theta) + x[b] * np.cos(theta)
+    return out
+
+
+class Case:
+    """R rows, each the newest token of its own sequence, over a scattered paged cache."""
+
+    def __init__(self, rng, H, KVH, D, Dv, positions, f16):
+        self.H, self.KVH, self.D, self.Dv, self.f16 = H, KVH, D, Dv, f16
+        self.pos = np.array(positions, np.int32)
+        R = len(positions)
+        need = [p // BS + 1 for p in positions]
+        n_blocks = sum(need) + 3
+        perm = rng.permutation(n_blocks).astype(np.int32)
+        self.tables, at = [], 0
+        for n in need:
+            self.tables.append(perm[at : at + n])
+            at += n
+        self.bt = np.concatenate(self.tables)
+        self.btoff = np.cumsum([0] + need[:-1]).astype(np.int32)
+        self.slots = np.array([t[p // BS] * BS + p % BS for t, p in zip(self.tables, positions)],
+                              np.int32)  # fmt: skip
+        n_slots = n_blocks * BS
+        dt = np.float16 if f16 else np.float32
+        self.kc = rng.standard_normal((n_slots, KVH, D)).astype(dt)
+        self.vc = rng.standard_normal((n_slots, KVH, Dv)).astype(dt)
+        self.q = rng.standard_normal((R, H, D)).astype(np.float32)
+        self.k = rng.standard_normal((R, KVH, D)).astype(np.float32)
+        self.v = rng.standard_normal((R, KVH, Dv)).astype(np.float32)
+
+    def cache_view(self, r, kc, vc):
+        """The cached K, V of row r's sequence, positions 0 .. pos[r]."""
+        p = np.arange(self.pos[r] + 1)
+        slots = self.tables[r][p // BS] * BS + p % BS
+        return kc[slots], vc[slots]
+
+    def buffers(self, dev, splits):
+        R, H = len(self.pos), self.H
+        bits = (lambda a: a.view(np.uint16)) if self.f16 else (lambda a: a)
+        return dict(
+            kc=dev.put(bits(self.kc)),
+            vc=dev.put(bits(self.vc)),
+            part_o=dev.poisoned(R * H * splits * self.Dv * 4),
+            part_ml=dev.poisoned(R * H * splits * 2 * 4),
+            cnt=dev.put(np.zeros(R * H, np.uint32)),
+            out=dev.poisoned(R * H * self.Dv * 4),
+        )
+
+
+def _get_cache(dev, buf, like, f16):
+    if f16:
+        return dev.get(buf, like.shape, np.uint16).view(np.float16)
+    return dev.get(buf, like.shape, np.float32)
+
+
+ROWS_CASES = [
+    # H, KVH, D, Dv, positions, window, splits, f16
+    (4, 1, 256, 256, [999, 5, 300], 0, 16, True),  # Gemma 3 270M's heads, GQA 4:1
+    (4, 1, 256, 256, [999, 700], 512, 16, True),  # sliding window
+    (4, 4, 64, 64, [36, 0], 0, 8, True),  # one split: no merge
+    (8, 2, 128, 96, [130, 129, 128, 127], 0, 3, True),  # D != Dv, split boundaries
+    (2, 1, 512, 512, [600], 0, 4, False),  # the largest head, f32 cache
+    (6, 3, 80, 80, [200, 17], 0, 16, True),  # a head size no power of two
+]
+
+
+@pytest.mark.parametrize("H,KVH,D,Dv,positions,window,splits,f16", ROWS_CASES)
+def test_attn_rows(rt, lib, dev, H, KVH, D, Dv, positions, window, splits, f16):
     rng = np.random.default_rng()
-    bs = 16
-    n_blocks = (n_kv + bs - 1) // bs
-    table = rng.permutation(n_blocks + 3)[:n_blocks].astype(np.int32)  # scattered blocks
-    n_slots = (n_blocks + 3) * bs
-    kc = rng.standard_normal((n_slots, KVH, D)).astype(np.float16)
-    vc = rng.standard_normal((n_slots, KVH, D)).astype(np.float16)
-    q = rng.standard_normal((H, D)).astype(np.float32)
-    pos = np.arange(n_kv)
-    slots = table[pos // bs] * bs + pos % bs
+    c = Case(rng, H, KVH, D, Dv, positions, f16)
+    b = c.buffers(dev, splits)
     scale = D**-0.5
-    part_o = dev.poisoned(H * splits * D * 4)
-    part_ml = dev.poisoned(H * splits * 2 * 4)
-    out = dev.poisoned(H * D * 4)
-    kb, vb = dev.put(kc.view(np.uint16)), dev.put(vc.view(np.uint16))
-    rt.launch(
-        lib.get("attn_decode_partial"),
-        (H, splits),
-        (ATT_THREADS,),
-        [
-            dev.put(q),
-            kb,
-            vb,
-            dev.put(table),
-            dev.put(np.array([n_kv], np.int32)),
-            part_o,
-            part_ml,
-            KVH,
-            D,
-            bs,
-            scale,
-            window,
-        ],
-    )
-    rt.launch(lib.get("attn_decode_combine"), (H,), (128,), [part_o, part_ml, out, D, splits])
-    ref = attention_ref(q, kc[slots], vc[slots], scale, window)
-    assert rel_err(dev.get(out, (H, D)), ref) < 1e-5
+    args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
+            b["part_o"], b["part_ml"], b["cnt"], b["out"], KVH, D, Dv, BS, scale, window,
+            int(f16)]  # fmt: skip
+    R = len(positions)
+    for _ in range(2):  # twice: the split counters are back at zero after a launch
+        rt.launch(lib.get("attn_rows"), (H, R, splits), (ATT_THREADS,), args)
+        got = dev.get(b["out"], (R, H, Dv))
+        for r in range(R):
+            k, v = c.cache_view(r, c.kc, c.vc)
+            assert rel_err(got[r], attention_ref(c.q[r], k, v, scale, window)) < 2e-6, r
+    assert not dev.get(b["cnt"], (R * H,), np.uint32).any()
 
 
-def test_kv_store_rounds_to_f16(rt, lib, dev):
+DECODE_CASES = [
+    # H, KVH, D, Dv, n_rot, neox, norms, positions, window, splits, f16
+    (4, 1, 256, 256, 256, 1, True, [700, 3, 128], 0, 16, True),  # Gemma 3: q/k norm, NeoX RoPE
+    (4, 1, 256, 256, 256, 1, True, [700, 40], 512, 16, True),  # ... a sliding-window layer
+    (8, 2, 64, 64, 64, 0, False, [0, 129, 257], 0, 8, True),  # Llama-like, first token
+    (4, 2, 128, 128, 64, 1, True, [300], 0, 4, False),  # partial rotation, f32 cache
+    (4, 4, 96, 64, 32, 0, False, [50, 51], 0, 1, True),  # D != Dv, one split
+]
+
+
+@pytest.mark.parametrize("H,KVH,D,Dv,n_rot,neox,norms,positions,window,splits,f16", DECODE_CASES)
+def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, positions, window,
+                           splits, f16):  # fmt: skip
     rng = np.random.default_rng()
-    T, row, n_slots = 5, 2 * 64 + 3, 40
-    k = rng.standard_normal((T, row)).astype(np.float32)
-    v = rng.standard_normal((T, row)).astype(np.float32)
-    slots = rng.choice(n_slots, size=T, replace=False).astype(np.int32)
-    kc, vc = dev.poisoned(n_slots * row * 2), dev.poisoned(n_slots * row * 2)
-    rt.launch(
-        lib.get("kv_store"), (T,), (64,), [dev.put(k), dev.put(v), kc, vc, dev.put(slots), row]
-    )
-    got_k = dev.get(kc, (n_slots, row), np.uint16).view(np.float16)
-    got_v = dev.get(vc, (n_slots, row), np.uint16).view(np.float16)
-    np.testing.assert_array_equal(got_k[slots], k.astype(np.float16))
-    np.testing.assert_array_equal(got_v[slots], v.astype(np.float16))
-    untouched = np.setdiff1d(np.arange(n_slots), slots)
-    assert (got_k[untouched].view(np.uint16) == 0xFFFF).all()
+    c = Case(rng, H, KVH, D, Dv, positions, f16)
+    R, scale, eps, base, fscale = len(positions), D**-0.5, 1e-6, 10000.0, 0.5
+    qnw = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norms else None
+    knw = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norms else None
+    nw = [dev.put(qnw) if norms else 0, dev.put(knw) if norms else 0]
+    meta = [dev.put(c.pos), dev.put(c.slots), dev.put(c.bt), dev.put(c.btoff)]
+    q, k, v = dev.put(c.q), dev.put(c.k), dev.put(c.v)
+    rope = [n_rot, neox, base, fscale, eps]
+    att = [BS, scale, window, int(f16)]
+    # fused
+    f = c.buffers(dev, splits)
+    rt.launch(lib.get("attn_decode"), (H, R, splits), (ATT_THREADS,),
+              [q, k, v, *nw, *meta, f["kc"], f["vc"], f["part_o"], f["part_ml"], f["cnt"],
+               f["out"], KVH, D, Dv, *rope, *att])  # fmt: skip
+    fused = dev.get(f["out"], (R, H, Dv))
+    kc_f, vc_f = _get_cache(dev, f["kc"], c.kc, f16), _get_cache(dev, f["vc"], c.vc, f16)
+    # unfused: qk_rope_store (in place on copies of q, k), then attn_rows
+    u = c.buffers(dev, splits)
+    q2, k2 = dev.put(c.q), dev.put(c.k)
+    rt.launch(lib.get("qk_rope_store"), (H + 2 * KVH, R), (128,),
+              [q2, k2, v, *nw, meta[0], meta[1], u["kc"], u["vc"], H, KVH, D, Dv, *rope,
+               int(f16)])  # fmt: skip
+    rt.launch(lib.get("attn_rows"), (H, R, splits), (ATT_THREADS,),
+              [q2, u["kc"], u["vc"], meta[2], meta[3], meta[0], u["part_o"], u["part_ml"],
+               u["cnt"], u["out"], KVH, D, Dv, *att])  # fmt: skip
+    unfused = dev.get(u["out"], (R, H, Dv))
+    kc_u, vc_u = _get_cache(dev, u["kc"], c.kc, f16), _get_cache(dev, u["vc"], c.vc, f16)
+    # both paths store the same K/V and agree to float rounding
+    np.testing.assert_array_equal(kc_f, kc_u)
+    np.testing.assert_array_equal(vc_f, vc_u)
+    assert rel_err(fused, unfused) < 1e-6
+    # the store touched only the rows' own slots
+    other = np.setdiff1d(np.arange(len(c.kc)), c.slots)
+    np.testing.assert_array_equal(kc_f[other], c.kc[other])
+    np.testing.assert_array_equal(vc_f[other], c.vc[other])
+    # against float64: the stored K/V, then the attention over the cache as stored
+    dt = np.float16 if f16 else np.float32
+    for r, p in enumerate(positions):
+        for j in range(KVH):
+            kref = norm_rope_ref(c.k[r, j], knw, p, n_rot, neox, base, fscale, eps)
+            np.testing.assert_allclose(kc_f[c.slots[r], j], kref.astype(dt), rtol=2e-3,
+                                       atol=2e-3)  # fmt: skip
+            np.testing.assert_array_equal(vc_f[c.slots[r], j], c.v[r, j].astype(dt))
+        qref = np.stack([norm_rope_ref(c.q[r, h], qnw, p, n_rot, neox, base, fscale, eps)
+                         for h in range(H)])  # fmt: skip
+        kk, vv = c.cache_view(r, kc_f, vc_f)
+        assert rel_err(fused[r], attention_ref(qref, kk, vv, scale, window)) < 5e-4, r

@@ -30,9 +30,10 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mul": ("elementwise.hip", "pppq"),
     "scale": ("elementwise.hip", "ppfq"),
     "argmax": ("argmax.hip", "pip"),
-    "kv_store": ("attention.hip", "pppppi"),
-    "attn_decode_partial": ("attention.hip", "pppppppiiifi"),
-    "attn_decode_combine": ("attention.hip", "pppii"),
+    "qk_rope_store": ("attention.hip", "pppppppppiiiiiifffi"),
+    "attn_rows": ("attention.hip", "ppppppppppiiiifii"),
+    "attn_decode": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii"),
+    "sample_rows": ("sampling.hip", "pipipp"),
     "mv_multi": ("linear.hip", "pi"),
     "mv_glu": ("linear.hip", "pii"),
     "mm_tiled": ("linear.hip", "pii"),
@@ -40,9 +41,6 @@ KERNELS: dict[str, tuple[str, str]] = {
     "gemm_m128": ("gemm.hip", "pii"),
     "gemm_m64": ("gemm.hip", "pii"),
     "add_norm": ("layer.hip", "pppppif"),
-    "qk_rope_store": ("layer.hip", "pppppppppiiiiiifffi"),
-    "attn_partial": ("layer.hip", "ppppppppiiiifii"),
-    "attn_combine": ("layer.hip", "pppii"),
     "gather_rows": ("layer.hip", "pppi"),
     "add_bias": ("layer.hip", "ppi"),
     "act_round": ("layer.hip", "ppii"),
@@ -76,8 +74,8 @@ BUILTIN_MATMUL = HipKernel("linear.hip", "mv_multi", "pi")
 # op -> built-in kernel, for the ops that take no weights.
 BUILTIN_OPS = {
     name: HipKernel(KERNELS[name][0], name, KERNELS[name][1])
-    for name in ("add_norm", "qk_rope_store", "attn_partial", "attn_combine", "gather_rows",
-                 "add_bias", "act_round", "argmax", "geglu", "swiglu")
+    for name in ("add_norm", "qk_rope_store", "attn_rows", "attn_decode", "gather_rows",
+                 "add_bias", "act_round", "argmax", "sample_rows", "geglu", "swiglu")
 }  # fmt: skip
 
 
@@ -91,8 +89,9 @@ def register_builtin(register) -> None:  # noqa: ANN001
         register("hip", op, "*", kernel)
 
 
-ATT_THREADS = 128  # attention.hip's ATT_THREADS: attn_decode_partial's block size
-ATT_MAX_D = 512  # attention.hip's ATT_MAX_D: largest head dimension
+ATT_THREADS = 256  # block size of attention.hip's attn_rows / attn_decode (at most 256)
+ATT_MAX_D = 512  # attention.hip's LAYER_MAX_D: largest head dimension
+SAMPLE_THREADS = 1024  # sampling.hip's SMP_THREADS: sample_rows' block size
 
 
 class KernelLibrary:

@@ -2,8 +2,11 @@
 
 Every matrix product goes through a descriptor (linear.hip) held in device memory, so Q/K/V and
 gate/up run as one launch each even when their weight types differ. Per layer and step:
-  qkv matmul, qk-norm + RoPE + KV store, attention (partial, combine), output projection,
+  qkv matmul, attention (decode: one launch doing Q/K norm + RoPE, the KV store and split
+  attention with its merge; else qk-norm + RoPE + KV store, then attention), output projection,
   add + norm, gate/up matmul with the activation fused (decode), down projection, add + norm.
+After the last layer: output projection, then (decode, or when ids are asked for) one token per
+row picked on the device (sampling.hip: argmax or the top-k/top-p/min-p/temperature draw).
 Kernels come from the kernel table: a third-party "matmul" kernel for a weight type replaces the
 fused descriptor launches for the matrices of that type (see `forge_hip.library.HipKernel`).
 """
@@ -16,14 +19,22 @@ from forge.kernels import KernelTable
 from forge.models.spec import ModelSpec
 from forge_hip.arena import Placed, WeightArena
 from forge_hip.executor import Launcher
-from forge_hip.library import BUILTIN_MATMUL, BUILTIN_OPS, ROUND_MODE, TYPE_IDS, KernelLibrary
-from forge_hip.workspace import Workspace
+from forge_hip.library import (
+    ATT_THREADS,
+    BUILTIN_MATMUL,
+    BUILTIN_OPS,
+    ROUND_MODE,
+    SAMPLE_THREADS,
+    TYPE_IDS,
+    KernelLibrary,
+)
+from forge_hip.workspace import PART_ROWS, Workspace
 
 MV_MAX_ROWS = 8  # up to this many rows a matmul runs as matrix-vector products
 MV_WARPS = 4  # linear.hip's MV_WARPS
 GEMM_N = 128  # gemm.hip's GB_N: weight rows per tensor-core tile
 GEMM_THREADS = 256
-ATT_THREADS = 128
+ROPE_THREADS = 128
 NORM_THREADS = 256
 
 
@@ -167,26 +178,37 @@ class Plan:
         self.launch(kernel, (min(4096, -(-n // 256)),), (256,), [ws.g, ws.u, ws.g, n])
 
     # -- the pass ---------------------------------------------------------------------------------
-    def layers_pass(self, rows: int, splits: int, meta, kv) -> None:
-        """Embedding, every layer, and the final norm (into ws.h) for `rows` token rows."""
+    def layers_pass(self, rows: int, splits: int, meta, kv, decode: bool = False) -> None:
+        """Embedding, every layer, and the final norm (into ws.h) for `rows` token rows.
+
+        `decode`: every row is the one new token of its own sequence (attention then runs as one
+        fused launch per layer). `splits`: most splits of an attention over the KV length (the
+        kernels use fewer for short contexts, one split needing no merge)."""
         s, ws, op, L = self.spec, self.ws, self.op, self.launch
         e, eps = s.n_embd, s.rms_eps
+        splits = max(1, min(splits, PART_ROWS // rows))
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
         L(op["add_norm"], (rows,), (NORM_THREADS,),
           [ws.x, 0, 0, self.layers[0]["attn_norm"], ws.h, e, eps])  # fmt: skip
         for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
             kc, vc = kv.layer(i)
             self.matmul(layer["qkv"], 3, rows)
-            L(op["qk_rope_store"], (s.n_head + 2 * s.n_head_kv, rows), (ATT_THREADS,),
-              [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc, vc,
-               s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, s.rope_dim, int(s.rope_neox),
-               ls.rope_base, 1.0 / ls.rope_scale, eps, int(kv.f16)])  # fmt: skip
-            L(op["attn_partial"], (s.n_head, rows, splits), (ATT_THREADS,),
-              [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml, s.n_head_kv,
-               s.head_dim, s.head_dim_v, kv.block_size, s.attn_scale, ls.sliding_window or 0,
-               int(kv.f16)])  # fmt: skip
-            L(op["attn_combine"], (s.n_head, rows), (ATT_THREADS,),
-              [ws.part_o, ws.part_ml, ws.attn, s.head_dim_v, splits])  # fmt: skip
+            rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, eps]
+            att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, int(kv.f16)]
+            if decode:
+                L(op["attn_decode"], (s.n_head, rows, splits), (ATT_THREADS,),
+                  [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots,
+                   meta.bt, meta.btoff, kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn,
+                   s.n_head_kv, s.head_dim, s.head_dim_v, *rope, *att])  # fmt: skip
+            else:
+                L(op["qk_rope_store"], (s.n_head + 2 * s.n_head_kv, rows), (ROPE_THREADS,),
+                  [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc,
+                   vc, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, *rope,
+                   int(kv.f16)])  # fmt: skip
+                L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
+                  [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
+                   ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
+                   *att])  # fmt: skip
             self.matmul(layer["wo"], 1, rows)
             L(op["add_norm"], (rows,), (NORM_THREADS,),
               [ws.x, ws.o, layer["post_attn"], layer["ffn_norm"], ws.h, e, eps])  # fmt: skip
@@ -196,14 +218,18 @@ class Plan:
             L(op["add_norm"], (rows,), (NORM_THREADS,),
               [ws.x, ws.o, layer["post_ffn"], nxt, ws.h, e, eps])  # fmt: skip
 
-    def output(self, rows: int, gather_idx: int | None, argmax: bool) -> None:
+    def output(self, rows: int, gather_idx: int | None, picks: tuple[int, int] | None) -> None:
         """Logits of `rows` rows of ws.h (gathered through `gather_idx` when given) into
-        ws.logits, and their argmax into ws.am."""
+        ws.logits; with `picks` = (sampling parameters, their field stride), one token per row
+        into ws.am (parameter row i, or gather_idx[i] when gathering: see sampling.hip)."""
         ws = self.ws
         if gather_idx is not None:
             L = self.launch
             L(self.op["gather_rows"], (rows,), (NORM_THREADS,),
               [ws.h, gather_idx, ws.hg, self.spec.n_embd])  # fmt: skip
         self.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows)
-        if argmax:
-            self.launch(self.op["argmax"], (rows,), (1024,), [ws.logits, self.spec.n_vocab, ws.am])
+        if picks is not None:
+            params, stride = picks
+            self.launch(self.op["sample_rows"], (rows,), (SAMPLE_THREADS,),
+                        [ws.logits, self.spec.n_vocab, params, stride, gather_idx or 0,
+                         ws.am])  # fmt: skip

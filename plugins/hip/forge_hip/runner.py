@@ -2,9 +2,10 @@
 over mixed batches (prefill chunks and decode tokens), and graph-replayed decode steps.
 
 A decode step (every sequence adds one token) is captured once per batch size and replayed:
-positions, slots, block tables and token ids live in one device buffer refreshed by a single
-host->device copy, so Python launches nothing per token. Greedy decode (`forward_argmax`) picks
-tokens on the device and copies back only their ids.
+positions, slots, block tables, token ids and sampling parameters live in one device buffer
+refreshed by a single host->device copy, so Python launches nothing per token. Greedy decode
+(`forward_argmax`) and sampling (`forward_sample`: top-k / top-p / min-p / temperature with a
+counter-based generator) pick tokens on the device and copy back only their ids.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from forge.backend import Runner, SeqBatch
+from forge.backend import DeviceSampling, Runner, SeqBatch
 from forge.errors import ContextOverflowError, ForgeRuntimeError, UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
@@ -26,9 +27,45 @@ from forge_hip.library import KernelLibrary
 from forge_hip.plan import Plan
 from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows, workspace_bytes
 
+Pick = DeviceSampling | None
+
 DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gives none
 MAX_HEAD_DIM = 512  # layer.hip's LAYER_MAX_D
-SPLIT_LEN = 64  # decode attention: about this many positions per split
+SPLIT_LEN = 128  # attention.hip's ATT_SPLIT_MIN: positions per split at least
+# sampling.hip's parameter fields, one int32 word per row each (doubles and the key: two words)
+SAMPLE_FIELDS = ("s_temp", "s_topk", "s_topp0", "s_topp1", "s_lminp0", "s_lminp1", "s_key0",
+                 "s_key1", "s_ctr")  # fmt: skip
+
+
+class SampleMeta(RowMeta):
+    """RowMeta plus every row's sampling parameters, uploaded in the same copy."""
+
+    FIELDS = RowMeta.FIELDS + SAMPLE_FIELDS
+
+    def set_picks(self, n_rows: int, picks: list[tuple[int, DeviceSampling]]) -> None:
+        """Rows 0 .. n_rows - 1 take the argmax, except those given (row, how to pick)."""
+        self.field("s_temp")[:n_rows] = 0  # the bits of 0.0f
+        for row, p in picks:
+            words = np.array([p.top_p, p.log_min_p], np.float64).view(np.int32)
+            key = np.array([p.key & 0xFFFFFFFFFFFFFFFF], np.uint64).view(np.int32)
+            values = (
+                np.float32(p.temperature).view(np.int32),
+                p.top_k,
+                words[0],
+                words[1],
+                words[2],
+                words[3],
+                key[0],
+                key[1],
+                np.uint32(p.counter).view(np.int32),
+            )
+            for name, value in zip(SAMPLE_FIELDS, values):
+                self.field(name)[row] = value
+
+    @property
+    def params(self) -> tuple[int, int]:
+        """(device address of the first field, words between fields), as sample_rows wants."""
+        return self.s_temp, self.rows
 
 
 def kv_is_f16(spec: ModelSpec, gguf: GGUFFile) -> bool:
@@ -57,6 +94,8 @@ def check_spec(spec: ModelSpec) -> None:
 
 
 class HipRunner(Runner):
+    samples_on_device = True
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -82,13 +121,14 @@ class HipRunner(Runner):
             self.lib = KernelLibrary(self.rt)
             self.arena = WeightArena(self.rt, spec, gguf, progress)
             self.ws = Workspace(self.rt, spec)
+            self.rt.copy_to_device(self.ws.att_cnt, np.zeros(ROW_CAP * spec.n_head, np.uint32))
             self.stream = self.rt.stream()
             self.launch = Launcher(self.rt, self.stream)
             self.graphs = GraphCache(self.launch)
             self.plan = Plan(
                 spec, kernels, self.lib, self.arena, self.ws, self.launch, self.rt.props.warp_size
             )
-            self.meta = RowMeta(self.rt, ROW_CAP, 1024)
+            self.meta = SampleMeta(self.rt, ROW_CAP, 1024)
             self.out_rows = out_rows(spec)
             self.use_graphs = True
         except BaseException:
@@ -107,19 +147,31 @@ class HipRunner(Runner):
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
-        return self._forward(batch, argmax=False)
+        return self._forward(batch, ids=False)
 
     def forward_argmax(self, batch: list[SeqBatch]) -> list[int]:
         rows = self._forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch],
-                             argmax=True)  # fmt: skip
+                             ids=True)  # fmt: skip
         return [int(r[-1]) for r in rows if r is not None and len(r)]
 
-    def _forward(self, batch: list[SeqBatch], argmax: bool) -> list:
+    def forward_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> list[int | None]:
+        if len(picks) != len(batch):
+            raise ForgeRuntimeError(f"{len(picks)} picks for a batch of {len(batch)}")
+        lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
+                 for b, p in zip(batch, picks)]  # fmt: skip
+        rows = self._forward(lasts, ids=True, picks=picks)
+        return [None if p is None else int(r[-1]) for r, p in zip(rows, picks)]
+
+    def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None) -> list:
+        """Logits (ids False) or picked token ids (ids True: argmax unless `picks` says how)
+        of the rows each sequence's `output` asks for."""
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
         parts: list[list[np.ndarray]] = [[] for _ in batch]
         for chunk, owners in self._chunks(batch):
-            for owner, rows in zip(owners, self._run(chunk, argmax)):
+            how = [picks[o] if picks and b.output == "last" else None
+                   for b, o in zip(chunk, owners)]  # fmt: skip
+            for owner, rows in zip(owners, self._run(chunk, ids, how)):
                 if rows is not None:
                     parts[owner].append(rows)
         out = []
@@ -129,7 +181,7 @@ class HipRunner(Runner):
             elif p:
                 out.append(np.concatenate(p))
             else:
-                out.append(np.zeros((0,) if argmax else (0, self.spec.n_vocab), np.float32))
+                out.append(np.zeros((0,) if ids else (0, self.spec.n_vocab), np.float32))
         return out
 
     def _chunks(self, batch: list[SeqBatch]):
@@ -154,8 +206,11 @@ class HipRunner(Runner):
         if cur:
             yield cur, owners
 
-    def _prepare(self, chunk: list[SeqBatch]) -> tuple[int, list[np.ndarray], int]:
-        """Fill the host metadata; returns (rows, wanted rows per piece, block-table entries)."""
+    def _prepare(
+        self, chunk: list[SeqBatch], picks: list[Pick] | None = None
+    ) -> tuple[int, list[np.ndarray], int]:
+        """Fill the host metadata (with each piece's pick for its last row: `picks`, aligned
+        with `chunk`); returns (rows, wanted rows per piece, block-table entries)."""
         s, kv, meta = self.spec, self.kv, self.meta
         bs = kv.block_size
         tables, wanted, at_bt, at = [], [], 0, 0
@@ -191,44 +246,52 @@ class HipRunner(Runner):
             at += n
         if meta.ensure_bt(at_bt):
             self.graphs.clear()
-            return self._prepare(chunk)
+            return self._prepare(chunk, picks)
+        ends = np.cumsum([len(b.tokens) for b in chunk]) - 1
+        meta.set_picks(at, [(int(e), p) for e, p in zip(ends, picks or ()) if p is not None])
         if tables:
             meta.bt_host()[:at_bt] = np.concatenate(tables)
         return at, wanted, at_bt
 
-    def _run(self, chunk: list[SeqBatch], argmax: bool) -> list[np.ndarray | None]:
-        rows, wanted, n_bt = self._prepare(chunk)
+    def _run(self, chunk: list[SeqBatch], ids: bool, picks: list[Pick]) -> list:
+        rows, wanted, n_bt = self._prepare(chunk, picks)
         self.meta.upload(n_bt, self.stream)
         plan, v = self.plan, self.spec.n_vocab
-        decode = rows == len(chunk) and rows <= min(self.out_rows, 64)
-        if decode and self.use_graphs:
+        one_each = rows == len(chunk)  # every piece is one token: decode rows
+        if one_each and rows <= min(self.out_rows, 64) and self.use_graphs:
             self.graphs.run(rows, lambda: self._decode_step(rows))
-            return self._fetch(wanted, np.arange(rows), argmax)
-        plan.layers_pass(rows, self.splits if rows <= 16 else 1, self.meta, self.kv)
+            return self._fetch(wanted, np.arange(rows), ids)
+        plan.layers_pass(rows, self.splits if rows <= 16 else 1, self.meta, self.kv, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
-        results = np.empty((len(order),) if argmax else (len(order), v), np.int32 if argmax
+        results = np.empty((len(order),) if ids else (len(order), v), np.int32 if ids
                            else np.float32)  # fmt: skip
         for g0 in range(0, len(order), self.out_rows):
             g = min(self.out_rows, len(order) - g0)
-            plan.output(g, self.meta.outidx + 4 * g0, argmax)
-            self._copy_back(results[g0 : g0 + g], g, argmax)
+            plan.output(g, self.meta.outidx + 4 * g0, self.meta.params if ids else None)
+            self._copy_back(results[g0 : g0 + g], g, ids)
         return self._split(wanted, results)
 
     def _decode_step(self, rows: int) -> None:
-        self.plan.layers_pass(rows, self.splits, self.meta, self.kv)
-        self.plan.output(rows, None, True)
+        """One decode step: logits into ws.logits and picked ids (argmax unless the row's
+        sampling parameters say otherwise) into ws.am."""
+        self.plan.layers_pass(rows, self.splits, self.meta, self.kv, decode=True)
+        self.plan.output(rows, None, self.meta.params)
 
-    def _copy_back(self, dst: np.ndarray, rows: int, argmax: bool) -> None:
-        src = self.ws.am if argmax else self.ws.logits
+    def _copy_back(self, dst: np.ndarray, rows: int, ids: bool) -> None:
+        src = self.ws.am if ids else self.ws.logits
         self.rt.copy_to_host(dst, src, self.stream)
         self.rt.synchronize(self.stream)
+        if ids and len(dst) and dst.min() < 0:
+            raise ForgeRuntimeError(
+                "cannot sample: the logits contain NaN or +inf, or every token is masked"
+            )
 
-    def _fetch(self, wanted, produced: np.ndarray, argmax: bool) -> list[np.ndarray | None]:
+    def _fetch(self, wanted, produced: np.ndarray, ids: bool) -> list[np.ndarray | None]:
         """Results of a decode step: every row was computed; keep the wanted ones."""
         n = len(produced)
-        full = np.empty((n,) if argmax else (n, self.spec.n_vocab), np.int32 if argmax
+        full = np.empty((n,) if ids else (n, self.spec.n_vocab), np.int32 if ids
                         else np.float32)  # fmt: skip
-        self._copy_back(full, n, argmax)
+        self._copy_back(full, n, ids)
         return [full[w] if len(w) else None for w in wanted]
 
     @staticmethod

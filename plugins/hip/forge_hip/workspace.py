@@ -13,6 +13,7 @@ from forge_hip.runtime.base import DeviceBuffer, Runtime
 ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
 OUT_BYTES = 64 << 20  # bound of the logits buffer
 MAX_SPLITS = 16  # decode attention splits over the KV length
+PART_ROWS = max(ROW_CAP, 16 * MAX_SPLITS)  # (row, split) pairs the attention partials hold
 DESC_LEN = 8  # int64 per matrix descriptor (linear.hip)
 
 
@@ -24,7 +25,7 @@ def out_rows(spec: ModelSpec) -> int:
 def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
     """Bytes of each workspace buffer."""
     s, r, o = spec, ROW_CAP, out_rows(spec)
-    part_rows = max(r, 16 * MAX_SPLITS)
+    part_rows = PART_ROWS
     widest = max(s.n_embd, s.n_ff, s.n_head * s.head_dim_v)
     return {
         **{f"r{mode}": 4 * r * widest for mode in (1, 2, 3, 4)},  # rounded activations
@@ -39,6 +40,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "u": 4 * r * s.n_ff,
         "part_o": 4 * part_rows * s.n_head * s.head_dim_v,
         "part_ml": 8 * part_rows * s.n_head,
+        "att_cnt": 4 * r * s.n_head,  # attention's split counters (zero between launches)
         "hg": 4 * o * s.n_embd,
         "logits": 4 * o * s.n_vocab,
         "am": 4 * o,
