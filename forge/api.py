@@ -189,18 +189,23 @@ class Model:
             "generated_tokens": 0,
             "generation_seconds": 0.0,
         }
+        on_device = getattr(self.runner, "samples_on_device", False) and bool(state.device_pick())
         try:
             table.ensure(len(ids))
             row = None
             for lo in range(0, len(ids), PREFILL_CHUNK):
                 chunk = ids[lo : lo + PREFILL_CHUNK]
-                last = lo + len(chunk) >= len(ids)
-                row = self.runner.forward(
-                    [SeqBatch(chunk, lo, table.array(), "last" if last else "none")]
-                )[0]
+                batch = [SeqBatch(chunk, lo, table.array(), "none")]
+                if lo + len(chunk) < len(ids):
+                    self.runner.forward(batch)
+                elif on_device:  # the first token picked on the device: no logits row copied
+                    row = self.runner.forward_sample(batch, [state.device_pick()])[0]
+                else:
+                    batch[0].output = "last"
+                    row = self.runner.forward(batch)[0]
             t1 = time.perf_counter()
             self.last_timings["prompt_seconds"] = t1 - t0
-            event = state.step(row[-1])
+            event = state.take(row) if on_device else state.step(row[-1])
             while True:
                 if event.text:
                     yield event.text
@@ -213,6 +218,8 @@ class Model:
                 batch = [SeqBatch(np.array([event.token], np.int32), pos, table.array())]
                 if state.is_greedy:
                     event = state.take(self.runner.forward_argmax(batch)[0])
+                elif on_device:
+                    event = state.take(self.runner.forward_sample(batch, [state.device_pick()])[0])
                 else:
                     event = state.step(self.runner.forward(batch)[0][-1])
         finally:

@@ -6,11 +6,15 @@ detokenize and report finish reasons the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from forge.backend import DeviceSampling
 from forge.sampling import Sampler
+from forge.sampling.pickers import dist_pick
+from forge.sampling.stages import MinP, Temperature, TopK, TopP
 from forge.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -48,6 +52,7 @@ class SequenceState:
         self._decoder = StreamDecoder(tokenizer)
         self._pending = ""  # decoded text held back because it may start a stop string
         self.text = ""  # everything emitted so far
+        self._device: DeviceSampling | None | bool = False  # False: not worked out yet
 
     @property
     def finished(self) -> bool:
@@ -57,6 +62,23 @@ class SequenceState:
     def is_greedy(self) -> bool:
         """True when the pick depends on the argmax alone (a device may pick for us)."""
         return self.sampler.chain == ["greedy"] and not self.logprobs
+
+    def device_pick(self) -> DeviceSampling | None:
+        """How a device may pick this sequence's next token (`Runner.forward_sample`), or None
+        when the host must: logprobs asked for, or a stage or picker other than the built-in
+        top_k, top_p, min_p, temperature (in that order) and dist/greedy (penalties and
+        logit_bias keep the host path). The draw's key is the seed (else one draw from the
+        sampler's generator, once) and its counter the index of the token being picked, so a
+        seed gives the same tokens on every run."""
+        if self.logprobs is not None:
+            return None
+        if self.is_greedy:
+            return DeviceSampling()
+        if self._device is False:
+            self._device = _device_sampling(self.sampler)
+        if self._device is None:
+            return None
+        return replace(self._device, counter=len(self.generated))
 
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from a logits row [n_vocab] and take the token."""
@@ -116,6 +138,43 @@ class SequenceState:
                     rest = rest[: rest.find(s)]
         self.text += rest
         return rest
+
+
+_DEVICE_STAGES = (TopK, TopP, MinP, Temperature)  # in the order a device applies them
+
+
+def _device_sampling(sampler: Sampler) -> DeviceSampling | None:
+    """The DeviceSampling equal to a built sampler's chain, or None when it has other parts."""
+    if sampler.picker[1] is not dist_pick:
+        return None
+    found: dict[type, object] = {}
+    last = -1
+    for _, stage in sampler.stages:
+        kind = type(stage)
+        if kind not in _DEVICE_STAGES or _DEVICE_STAGES.index(kind) <= last:
+            return None
+        last = _DEVICE_STAGES.index(kind)
+        found[kind] = stage
+    temperature = found[Temperature].t if Temperature in found else 1.0
+    if temperature <= 0.0:  # a zero-temperature stage before dist: ties drawn at random
+        return None
+    params = sampler.params
+    min_p = 0.0
+    if MinP in found:  # the value whose log the stage holds, exactly
+        log_p = found[MinP].log_p
+        min_p = (
+            params.min_p
+            if params.min_p > 0 and math.log(params.min_p) == log_p
+            else math.exp(log_p)
+        )
+    key = params.seed if params.seed is not None else int(sampler.ctx.rng.integers(0, 2**63))
+    return DeviceSampling(
+        temperature=temperature,
+        top_k=found[TopK].k if TopK in found else 0,
+        top_p=found[TopP].p if TopP in found else 1.0,
+        min_p=min_p,
+        key=key & 0xFFFFFFFFFFFFFFFF,
+    )
 
 
 def _overlap(text: str, stop: str) -> int:

@@ -240,9 +240,15 @@ class Scheduler:
             batch.append(SeqBatch(tokens, request.cached, request.table.array(),
                                   "last" if last else "none"))  # fmt: skip
         sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
+        runner = self.model.runner
+        device = getattr(runner, "samples_on_device", False)
+        on_device = {id(b): r.state.device_pick() for r, b in sampling} if device else {}
         if sampling and all(r.state.is_greedy for r, _ in sampling):
-            picks = self.model.runner.forward_argmax(batch)
+            picks = runner.forward_argmax(batch)
             rows = {id(b): p for b, p in zip(batch, picks)}
+        elif sampling and device and all(p is not None for p in on_device.values()):
+            tokens = runner.forward_sample(batch, [on_device.get(id(b)) for b in batch])
+            rows = {id(b): t for b, t in zip(batch, tokens)}
         else:
             outs = self.model.runner.forward(batch)
             rows = {id(b): o for b, o in zip(batch, outs)}
