@@ -1,11 +1,16 @@
-"""Matrix-vector products and embedding lookups for every weight type against NumPy (float64)."""
+"""Matrix-vector products and embedding lookups for every weight type against NumPy (float64):
+matvec.hip's per-type kernels, and mmv.hip's decode products (int8 activations rounded like
+llama.cpp's, several matrices per launch, gated products, 1..8 token rows)."""
 
 from __future__ import annotations
+
+import math
 
 import gguf
 import numpy as np
 import pytest
-from forge_hip.library import TYPE_SUFFIX
+from forge_hip.library import ROUND_MODE, TYPE_IDS, TYPE_SUFFIX
+from forge_hip.plan import MVQ_THREADS, mvq_lanes, mvq_need, mvq_variant, mvq_xbytes
 from gguf import GGMLQuantizationType, quants
 
 from tests.gpu.helpers import rel_err
@@ -66,3 +71,186 @@ def test_matvec_rejects_wrong_argument_count(lib):
 
     with pytest.raises(UsageError, match="wants 5 arguments"):
         ArgPack(lib.get("matvec_q4_0").signature, [0, 0, 0, 1])
+
+
+# -- mmv.hip: decode products ---------------------------------------------------------------------
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def round_acts(x: np.ndarray, mode: int):
+    """Activations [R, K] rounded as llama.cpp rounds them for the products of a weight type (its
+    forge_hip.library.ROUND_MODE): (int8 [R, K], {scale, sum of int8} float32 [R, K/32, 2],
+    the rounded values float32 [R, K]); float modes 0 (none), 3 (f16), 4 (bf16) give only the
+    rounded values. Every step in float32, as the kernels do it."""
+    x = np.ascontiguousarray(x, np.float32)
+    R, K = x.shape
+    if mode in (0, 3, 4):
+        if mode == 3:
+            return None, None, x.astype(np.float16).astype(np.float32)
+        if mode == 4:
+            u = x.view(np.uint32).astype(np.uint64)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return None, None, u.astype(np.uint32).view(np.float32)
+        return None, None, x.copy()
+    with np.errstate(divide="ignore"):
+        if mode == 1:  # Q8_0: blocks of 32, d = amax / 127 stored as f16
+            b = x.reshape(R, K // 32, 32)
+            d = np.abs(b).max(axis=2) / np.float32(127)
+            inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+            q = np.rint(b * inv[..., None])
+            scale = d.astype(np.float16).astype(np.float32)
+        else:  # Q8_K: blocks of 256 scaled by -127 / (the first element of largest magnitude)
+            b = x.reshape(R, K // 256, 256)
+            peak = np.take_along_axis(b, np.abs(b).argmax(axis=2)[..., None], axis=2)[..., 0]
+            iscale = np.where(peak != 0, np.float32(-127) / peak, np.float32(0)).astype(np.float32)
+            d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+            q = np.minimum(np.rint(b * iscale[..., None]), np.float32(127))
+            scale = np.repeat(d, 8, axis=1)
+    q = q.reshape(R, K).astype(np.int8)
+    scale = scale.reshape(R, K // 32).astype(np.float32)
+    sums = q.reshape(R, K // 32, 32).astype(np.int64).sum(axis=2).astype(np.float32)
+    rounded = (q.reshape(R, K // 32, 32).astype(np.float32) * scale[..., None]).reshape(R, K)
+    return q, np.ascontiguousarray(np.stack([scale, sums], axis=2)), rounded
+
+
+def mvq_k(types) -> int:
+    """A row length every type takes: an odd number of blocks where possible."""
+    if any(ROUND_MODE[t] == 2 for t in types):
+        return 256 * 3
+    return 333 if all(t in FLOAT_TYPES for t in types) else 32 * 13
+
+
+class MvqCase:
+    """Matrices of `types` (N rows each) sharing x [R, K] on the device, with their descriptors
+    (linear.hip's layout), poisoned outputs and float64 references."""
+
+    def __init__(self, dev, rng, types, R, K, ns, bias):
+        self.dev, self.types, self.R, self.K = dev, list(types), R, K
+        self.x = rng.standard_normal((R, K)).astype(np.float32)
+        self.x[0] *= 30.0  # rows of different scales
+        self.xbuf = dev.put(self.x)
+        rows, self.W, self.b, self.y = [], [], [], []
+        for t, n in zip(types, ns):
+            raw, W = random_weights(rng, t, n, K)
+            b = rng.standard_normal(n).astype(np.float32) if bias else None
+            y = dev.poisoned(R * n * 4)
+            rows.append([dev.put(raw).ptr, self.xbuf.ptr, y.ptr, dev.put(b).ptr if bias else 0,
+                         TYPE_IDS[t], K, n, raw.shape[1]])  # fmt: skip
+            self.W.append(W)
+            self.b.append(b)
+            self.y.append(y)
+        self.descs = dev.put(np.asarray(rows, np.int64))
+
+    def ref(self, j: int) -> np.ndarray:
+        xr = round_acts(self.x, ROUND_MODE[self.types[j]])[2].astype(np.float64)
+        out = xr @ self.W[j].T
+        return out + self.b[j] if self.b[j] is not None else out
+
+    def out(self, j: int) -> np.ndarray:
+        return self.dev.get(self.y[j], (self.R, self.W[j].shape[0]))
+
+
+def launch_mvq(rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=False, flags=1):
+    """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
+    quantized by mvq_quant first when `xg` or when it does not fit the block's shared memory."""
+    from forge_hip.plan import MVQ_SMEM
+
+    types, R, K = case.types, case.R, case.K
+    suffix, rm = mvq_variant(types, R)
+    need = mvq_need(types)
+    g = lanes or mvq_lanes(types, K)
+    rb = MVQ_THREADS // g
+    ns = [w.shape[0] for w in case.W]
+    items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
+    xq = 0
+    if need and (xg or mvq_xbytes(need, R, K) > MVQ_SMEM[rm]):
+        xq = dev.poisoned(mvq_xbytes(need, R, K))
+        tasks = R * -(-K // 256)
+        rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+                  [case.xbuf, xq, K, R, need])  # fmt: skip
+    grid = min(grid or items, items)
+    if act is None:
+        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
+                  [case.descs, 0, len(types), R, g, xq, flags])  # fmt: skip
+    else:
+        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
+                  [case.descs, 0, R, g, xq, flags, act])  # fmt: skip
+
+
+@pytest.mark.parametrize("R", [1, 3, 8])
+@pytest.mark.parametrize("type_name", list(TYPE_SUFFIX))
+def test_mvq_single_matrix(rt, lib, dev, type_name, R):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, [type_name], R, mvq_k([type_name]), [37], bias=False)
+    launch_mvq(rt, lib, dev, case, grid=3)  # fewer blocks than row groups: blocks loop
+    assert rel_err(case.out(0), case.ref(0)) < 1e-5
+
+
+MIXED = [
+    ("Q4_K", "Q4_K", "Q6_K"),  # llama-3 Q4_K_M q/k/v
+    ("Q5_0", "Q5_0", "Q8_0"),  # gemma-3 Q4_K_M q/k/v
+    ("Q8_0", "Q4_K", "F16"),  # both quantized copies of x, and a float type
+    ("Q2_K", "Q4_0", "BF16"),  # the generic kernel
+    ("F32", "Q5_1", "Q4_1"),
+    ("Q5_K", "Q3_K", "Q6_K"),
+]
+
+
+@pytest.mark.parametrize("R", [1, 2, 5])
+@pytest.mark.parametrize("types", MIXED, ids="-".join)
+def test_mvq_mixed_matrices_one_launch(rt, lib, dev, types, R):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [37, 50, 19], bias=True)
+    launch_mvq(rt, lib, dev, case, lanes=int(rng.choice([4, 8, 32])), grid=5)
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+@pytest.mark.parametrize("flags", [0, 3])
+@pytest.mark.parametrize("types,K,R", [(("Q4_K", "Q8_0"), 4096, 8), (("Q6_K",), 4096, 8),
+                                       (("Q5_0", "Q4_K"), 512, 3)])  # fmt: skip
+def test_mvq_quantized_x_in_global_memory(rt, lib, dev, types, K, R, flags):
+    """x quantized once by mvq_quant (what the plan does when it does not fit shared memory; the
+    second case just fits it), and the prefetch flags on/off."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, K, [45, 21][: len(types)], bias=False)
+    launch_mvq(rt, lib, dev, case, xg=len(types) == 2, flags=flags)
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+def test_mvq_quant_layout(rt, lib, dev):
+    """mvq_quant's int8 values and {scale, sum} are llama.cpp's roundings, bit for bit."""
+    rng = np.random.default_rng()
+    R, K = 3, 512
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    x[1, :256] = 0.0  # an all-zero block
+    x[2, 7], x[2, 9] = 5.0, -5.0  # a peak tie: the first one sets the sign
+    xg = dev.poisoned(mvq_xbytes(3, R, K))
+    rt.launch(lib.get("mvq_quant"), (1,), (MVQ_THREADS,), [dev.put(x), xg, K, R, 3])
+    got = dev.get(xg, (mvq_xbytes(3, R, K),), np.uint8)
+    rs = R * K + R * K // 4
+    for mode, at in ((1, 0), (2, rs)):
+        q, ds, _ = round_acts(x, mode)
+        np.testing.assert_array_equal(got[at : at + R * K].view(np.int8).reshape(R, K), q)
+        np.testing.assert_array_equal(
+            got[at + R * K : at + rs].view(np.float32).reshape(ds.shape), ds
+        )
+
+
+def _act(a: np.ndarray, act: int) -> np.ndarray:
+    if act == 1:
+        return 0.5 * a * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a**3)))
+    return a / (1.0 + np.exp(-a))
+
+
+@pytest.mark.parametrize("R", [1, 4, 7])
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"),
+                                   ("F16", "F16"), ("Q3_K", "Q8_0")], ids="-".join)  # fmt: skip
+def test_mvq_gated(rt, lib, dev, types, act, R):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4)
+    ref = _act(case.ref(0), act) * case.ref(1)
+    assert rel_err(case.out(0), ref) < 1e-5

@@ -1,0 +1,284 @@
+// mmv.h: the decode units of mmv.hip. A unit is one lane's share of one weight row for one step:
+// a few bytes of one GGML block, multiplied by activations quantized to int8 (blocks of 32 with a
+// float scale and the sum of their int8 values, see mmv.hip's quantizer) with integer dot
+// products. Lanes of a row take units u = lane, lane + G, ..., so neighbouring lanes read
+// neighbouring bytes. Each unit adds its share of row . x[r] to acc[r] for the R <= RM rows of x.
+//
+// Units per row (element k of a row sits in exactly one unit):
+//   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/8 (4 per block)
+//   Q4_K Q5_K: K/32 (8 per super-block: 16 bytes of quants each)        Q6_K: K/16 (16 per block)
+//   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)
+// Plain C++ under FORGE_HOST too, so that tests/test_hip_mmv_host.py checks the units on the CPU.
+#pragma once
+#include "quants.h"
+
+struct alignas(16) V4 { u32 x, y, z, w; };
+struct alignas(8) V2 { u32 x, y; };
+struct alignas(16) F4 { float x, y, z, w; };
+struct alignas(8) F2 { float x, y; };
+
+// Quantized activations: row r of x is q[r * K ...], the {scale, sum of q} of its 32-blocks
+// ds[r * K/32 ...].
+struct XQ {
+    const i8* q;
+    const F2* ds;
+    int K;
+};
+
+#define M4 0x0f0f0f0fu
+
+FORGE_DEV int dp4a(u32 a, u32 b, int c) {  // c + signed byte dot product of a and b
+#if defined(FORGE_NV)
+    return __dp4a((int)a, (int)b, c);
+#elif defined(FORGE_AMD) && (defined(__gfx90a__) || defined(__gfx908__) || defined(__gfx906__) || \
+                             defined(__gfx1030__))
+    return __builtin_amdgcn_sdot4((int)a, (int)b, c, false);
+#else
+    for (int s = 0; s < 32; s += 8) c += (int)(i8)(a >> s) * (int)(i8)(b >> s);
+    return c;
+#endif
+}
+
+FORGE_DEV u32 fshr(u32 lo, u32 hi, u32 s) {  // low word of (hi:lo) >> s, s in 0..31
+#if defined(FORGE_NV)
+    return __funnelshift_r(lo, hi, s);
+#else
+    return (u32)((((u64)hi << 32) | lo) >> s);
+#endif
+}
+
+FORGE_DEV u32 ld2(const u8* p) { return *(const u16*)p; }  // 2-aligned
+
+// 4 bytes at a 2-aligned address, from aligned words only (never past the word holding p[3]).
+FORGE_DEV u32 ld4_a2(const u8* p) {
+    const u64 a = (u64)p;
+    const u32* w = (const u32*)(a & ~(u64)3);
+    const u32 s = (u32)(a & 2) * 8;
+    return fshr(w[0], w[s ? 1 : 0], s);
+}
+
+// 8 bytes at a 2-aligned address, from two aligned 8-byte loads (the second is the first again
+// when p is 8-aligned, so nothing past p[7] is read).
+FORGE_DEV V2 ld8_a2(const u8* p) {
+    const u64 a = (u64)p;
+    const V2* w = (const V2*)(a & ~(u64)7);
+    const V2 lo = w[0], hi = w[(a & 7) ? 1 : 0];
+    const u32 s = (u32)(a & 3) * 8;
+    const bool up = (a & 4) != 0;
+    const u32 w0 = up ? lo.y : lo.x, w1 = up ? hi.x : lo.y, w2 = up ? hi.y : hi.x;
+    V2 v;
+    v.x = fshr(w0, w1, s);
+    v.y = fshr(w1, w2, s);
+    return v;
+}
+
+FORGE_DEV int dot16(const V4& w, const V4& x) {  // 16 signed bytes . 16 signed bytes
+    return dp4a(w.x, x.x, dp4a(w.y, x.y, dp4a(w.z, x.z, dp4a(w.w, x.w, 0))));
+}
+
+// Bytewise v - k for bytes v < 128, k <= 128 (no borrow between bytes), as signed bytes.
+FORGE_DEV u32 bsub(u32 v, u32 k) { return ((v | 0x80808080u) - k) ^ 0x80808080u; }
+
+// The low 4 bits of v as bit 4 of 4 bytes (bit j -> byte j).
+FORGE_DEV u32 bit4_to_bytes(u32 v) { return ((v & 15u) * 0x00204081u & 0x01010101u) << 4; }
+
+// ---- 32-element blocks: Q4_0 Q4_1 Q5_0 Q5_1 (2 units per block), Q8_0 (4 units) ----
+// Unit i of a block holds quants qs[8i .. 8i+7]: elements 8i..8i+7 (low nibbles) and
+// 16+8i..16+8i+7 (high nibbles); for Q8_0 elements 8i..8i+7.
+
+// Adds d * d8 * dot + (first unit of the block) m * d8 * sum(q8) for each row of x.
+template <int RM>
+FORGE_DEV void unit32_add(const XQ& x, int b, int i, u32 w0, u32 w1, u32 w2, u32 w3, float d,
+                          float m, int R, float* acc) {
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+        if (r < R) {
+            const i8* xr = x.q + (i64)r * x.K + 32 * b + 8 * i;
+            const V2 xl = *(const V2*)xr, xh = *(const V2*)(xr + 16);
+            const int s = dp4a(w0, xl.x, dp4a(w1, xl.y, dp4a(w2, xh.x, dp4a(w3, xh.y, 0))));
+            const F2 ds = x.ds[(i64)r * (x.K / 32) + b];
+            acc[r] += ds.x * (d * (float)s + (i == 0 ? m * ds.y : 0.0f));
+        }
+    }
+}
+
+template <int RM> FORGE_DEV void unit_q4_0(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 1, i = u & 1;
+    const u8* blk = row + (i64)b * BYTES_Q4_0;
+    const V2 q = ld8_a2(blk + 2 + 8 * i);
+    const u32 k = 0x08080808u;
+    unit32_add<RM>(x, b, i, bsub(q.x & M4, k), bsub(q.y & M4, k), bsub((q.x >> 4) & M4, k),
+                   bsub((q.y >> 4) & M4, k), h2f(ld2(blk)), 0.0f, R, acc);
+}
+
+template <int RM> FORGE_DEV void unit_q4_1(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 1, i = u & 1;
+    const u8* blk = row + (i64)b * BYTES_Q4_1;
+    const V2 q = ld8_a2(blk + 4 + 8 * i);
+    unit32_add<RM>(x, b, i, q.x & M4, q.y & M4, (q.x >> 4) & M4, (q.y >> 4) & M4, h2f(ld2(blk)),
+                   h2f(ld2(blk + 2)), R, acc);
+}
+
+template <int RM> FORGE_DEV void unit_q5_0(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 1, i = u & 1;
+    const u8* blk = row + (i64)b * BYTES_Q5_0;
+    const u32 qh = ld4_a2(blk + 2);
+    const V2 q = ld8_a2(blk + 6 + 8 * i);
+    const u32 hl = qh >> (8 * i), hh = qh >> (16 + 8 * i), k = 0x10101010u;
+    unit32_add<RM>(x, b, i, bsub((q.x & M4) | bit4_to_bytes(hl), k),
+                   bsub((q.y & M4) | bit4_to_bytes(hl >> 4), k),
+                   bsub(((q.x >> 4) & M4) | bit4_to_bytes(hh), k),
+                   bsub(((q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), k), h2f(ld2(blk)), 0.0f, R,
+                   acc);
+}
+
+template <int RM> FORGE_DEV void unit_q5_1(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 1, i = u & 1;
+    const u8* blk = row + (i64)b * BYTES_Q5_1;
+    const u32 qh = ld4_a2(blk + 4);
+    const V2 q = ld8_a2(blk + 8 + 8 * i);
+    const u32 hl = qh >> (8 * i), hh = qh >> (16 + 8 * i);
+    unit32_add<RM>(x, b, i, (q.x & M4) | bit4_to_bytes(hl), (q.y & M4) | bit4_to_bytes(hl >> 4),
+                   ((q.x >> 4) & M4) | bit4_to_bytes(hh),
+                   ((q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), h2f(ld2(blk)), h2f(ld2(blk + 2)), R,
+                   acc);
+}
+
+template <int RM> FORGE_DEV void unit_q8_0(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 2, i = u & 3;
+    const u8* blk = row + (i64)b * BYTES_Q8_0;
+    const V2 q = ld8_a2(blk + 2 + 8 * i);
+    const float d = h2f(ld2(blk));
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+        if (r < R) {
+            const V2 xv = *(const V2*)(x.q + (i64)r * x.K + 32 * b + 8 * i);
+            const int s = dp4a(q.x, xv.x, dp4a(q.y, xv.y, 0));
+            acc[r] += d * x.ds[(i64)r * (x.K / 32) + b].x * (float)s;
+        }
+    }
+}
+
+// ---- K-quants (super-blocks of 256 = 8 sub-blocks of 32) ----
+
+// 6-bit scale and min of sub-block j of Q4_K/Q5_K from the 12 scale bytes as words s0, s1, s2.
+FORGE_DEV void k4_sm(u32 s0, u32 s1, u32 s2, int j, int* sc, int* m) {
+    const int t = 8 * (j & 3);
+    const u32 b0 = s0 >> t, b1 = s1 >> t, b2 = s2 >> t;
+    if (j < 4) {
+        *sc = (int)(b0 & 63);
+        *m = (int)(b1 & 63);
+    } else {
+        *sc = (int)((b2 & 15) | ((b0 >> 2) & 48));
+        *m = (int)(((b2 >> 4) & 15) | ((b1 >> 2) & 48));
+    }
+}
+
+// Q4_K/Q5_K unit i (0..7) of a super-block: quants of sub-blocks 2p (wa) and 2p+1 (wb), p = i/2,
+// elements l0..l0+15 of each (l0 = 16 (i & 1)); the first unit of a pair adds the two mins.
+template <int RM>
+FORGE_DEV void unitk_add(const XQ& x, int b, int i, const V4& h, const V4& wa, const V4& wb, int R,
+                         float* acc) {
+    const int p = i >> 1, l0 = 16 * (i & 1);
+    int sca, ma, scb, mb;
+    k4_sm(h.y, h.z, h.w, 2 * p, &sca, &ma);
+    k4_sm(h.y, h.z, h.w, 2 * p + 1, &scb, &mb);
+    const float d = h2f((u16)(h.x & 0xffff)), dmin = h2f((u16)(h.x >> 16));
+    const float mins = (i & 1) ? 0.0f : dmin;
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+        if (r < R) {
+            const i8* xr = x.q + (i64)r * x.K + 256 * b + 64 * p + l0;
+            const V4 xa = *(const V4*)xr, xb = *(const V4*)(xr + 32);
+            const int da = dot16(wa, xa), db = dot16(wb, xb);
+            // {scale, sum a, scale, sum b}: one scale per 256 (activations rounded like Q8_K)
+            const F4 ds = *(const F4*)(x.ds + (i64)r * (x.K / 32) + 8 * b + 2 * p);
+            const float v = d * (float)(sca * da + scb * db) -
+                             mins * ((float)ma * ds.y + (float)mb * ds.w);
+            acc[r] += ds.x * v;
+        }
+    }
+}
+
+template <int RM> FORGE_DEV void unit_q4_k(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 3, i = u & 7;
+    const u8* blk = row + (i64)b * BYTES_Q4_K;  // 16-aligned: rows are whole 144-byte blocks
+    const V4 h = *(const V4*)blk;
+    const V4 q = *(const V4*)(blk + 16 + 16 * i);
+    V4 wa, wb;
+    wa.x = q.x & M4, wa.y = q.y & M4, wa.z = q.z & M4, wa.w = q.w & M4;
+    wb.x = (q.x >> 4) & M4, wb.y = (q.y >> 4) & M4, wb.z = (q.z >> 4) & M4, wb.w = (q.w >> 4) & M4;
+    unitk_add<RM>(x, b, i, h, wa, wb, R, acc);
+}
+
+template <int RM> FORGE_DEV void unit_q5_k(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 3, i = u & 7, p = i >> 1;
+    const u8* blk = row + (i64)b * BYTES_Q5_K;  // 176 bytes: 16-aligned too
+    const V4 h = *(const V4*)blk;
+    const V4 qh = *(const V4*)(blk + 16 + 16 * (i & 1));
+    const V4 q = *(const V4*)(blk + 48 + 16 * i);
+    const int sa = 2 * p, sb = 2 * p + 1;
+    const u32 o = 0x01010101u;
+    V4 wa, wb;
+    wa.x = (q.x & M4) | (((qh.x >> sa) & o) << 4), wa.y = (q.y & M4) | (((qh.y >> sa) & o) << 4);
+    wa.z = (q.z & M4) | (((qh.z >> sa) & o) << 4), wa.w = (q.w & M4) | (((qh.w >> sa) & o) << 4);
+    wb.x = ((q.x >> 4) & M4) | (((qh.x >> sb) & o) << 4);
+    wb.y = ((q.y >> 4) & M4) | (((qh.y >> sb) & o) << 4);
+    wb.z = ((q.z >> 4) & M4) | (((qh.z >> sb) & o) << 4);
+    wb.w = ((q.w >> 4) & M4) | (((qh.w >> sb) & o) << 4);
+    unitk_add<RM>(x, b, i, h, wa, wb, R, acc);
+}
+
+// Q6_K unit i (0..15): ql[8i .. 8i+7] = elements l0..l0+7 (l0 = 8 (i & 3)) of chunks j = seg
+// (low nibbles) and seg + 2 (high nibbles) of half h, seg = (i >> 2) & 1, h = i >> 3.
+template <int RM> FORGE_DEV void unit_q6_k(const u8* row, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 4, i = u & 15, h = i >> 3, seg = (i >> 2) & 1, l0 = 8 * (i & 3);
+    const u8* blk = row + (i64)b * BYTES_Q6_K;
+    const V2 ql = ld8_a2(blk + 8 * i);
+    const V2 qh = ld8_a2(blk + 128 + 32 * h + l0);
+    const i8* sc = (const i8*)(blk + 192 + 8 * h + 2 * seg + (l0 >> 4));
+    const int sa = sc[0], sb = sc[4];
+    const float d = h2f(ld2(blk + 208));
+    const u32 o = 0x03030303u, k = 0x20202020u;
+    const int ta = 2 * seg, tb = 2 * seg + 4;
+    const u32 a0 = bsub((ql.x & M4) | (((qh.x >> ta) & o) << 4), k);
+    const u32 a1 = bsub((ql.y & M4) | (((qh.y >> ta) & o) << 4), k);
+    const u32 b0 = bsub(((ql.x >> 4) & M4) | (((qh.x >> tb) & o) << 4), k);
+    const u32 b1 = bsub(((ql.y >> 4) & M4) | (((qh.y >> tb) & o) << 4), k);
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+        if (r < R) {
+            const i8* xr = x.q + (i64)r * x.K + 256 * b + 128 * h + 32 * seg + l0;
+            const V2 xa = *(const V2*)xr, xb = *(const V2*)(xr + 64);
+            const int s =
+                sa * dp4a(a0, xa.x, dp4a(a1, xa.y, 0)) + sb * dp4a(b0, xb.x, dp4a(b1, xb.y, 0));
+            acc[r] += x.ds[(i64)r * (x.K / 32) + 8 * b].x * d * (float)s;
+        }
+    }
+}
+
+// Any quantized type through its float decoder (quants.h): unit c = elements 32c .. 32c+31.
+#define MVQ_UNIT_DEQ(T)                                                                        \
+    template <int RM>                                                                          \
+    FORGE_DEV void unit_##T(const u8* row, int c, const XQ& x, int R, float* acc) {            \
+        float v[32];                                                                           \
+        deq32_##T(row, c, v);                                                                  \
+        _Pragma("unroll") for (int r = 0; r < RM; ++r) {                                       \
+            if (r < R) {                                                                       \
+                const V4* xr = (const V4*)(x.q + (i64)r * x.K + 32 * c);                       \
+                float s = 0.0f;                                                                \
+                _Pragma("unroll") for (int w = 0; w < 8; ++w) {                                \
+                    const V4 q4 = xr[w / 4];                                                   \
+                    const u32 q = (w & 3) == 0   ? q4.x                                        \
+                                  : (w & 3) == 1 ? q4.y                                        \
+                                  : (w & 3) == 2 ? q4.z                                        \
+                                                 : q4.w;                                       \
+                    _Pragma("unroll") for (int e = 0; e < 4; ++e)                              \
+                        s += v[4 * w + e] * (float)(i8)(q >> (8 * e));                         \
+                }                                                                              \
+                acc[r] += x.ds[(i64)r * (x.K / 32) + c].x * s;                                 \
+            }                                                                                  \
+        }                                                                                      \
+    }
+MVQ_UNIT_DEQ(q2_k)
+MVQ_UNIT_DEQ(q3_k)

@@ -1,0 +1,360 @@
+// mmv.hip: decode products (1..8 token rows). y = x W^T + bias for the matrices of linear.hip's
+// descriptors (same layout: [0] W [1] x [2] y [3] bias [4] type id [5] K [6] N [7] row bytes), with
+// the activations rounded exactly like llama.cpp's (and our prefill's act_round): 8-bit blocks of
+// 32 with an f16 scale for Q4_0..Q8_0 weights (mode 1), 8-bit blocks of 256 scaled by the signed
+// peak for the K-quants (mode 2), f16/bf16 for F16/BF16 weights, none for F32. Quantized weights
+// meet int8 activations in integer dot products (mmv.h's units); F32/F16/BF16 in float.
+//
+// mvq_multi_r<RM>(descs, first, count, R, G, xg, flags): descriptors first .. first+count-1, which
+//   share x and K, for R <= RM token rows.
+// mvq_glu_r<RM>(descs, first, R, G, xg, flags, act): y_gate = act(x W_gate^T) * (x W_up^T) of
+//   descriptors first (gate) and first + 1 (up); act 0: SiLU, 1: GELU-tanh.
+// Entry points (MVQ_KERNELS): mvq_multi_r1(), mvq_multi_r2(), mvq_multi_r4(), mvq_multi_r8(),
+//   mvq_multi_gen() (R <= 8, also Q2_K/Q3_K), mvq_glu_r1(), mvq_glu_r2(), mvq_glu_r4(),
+//   mvq_glu_r8(), mvq_glu_gen().
+// Launch: block = any multiple of 32 threads (256 here); G lanes (a power of two <= 32) own one
+//   weight row, so a block covers RB = blockDim.x / G rows of one matrix per item. Items are those
+//   row groups over all matrices in turn; block b takes items b, b + gridDim.x, ...
+//   (grid <= items).
+// x: every block first quantizes the R rows of x into shared memory (mode 1 copy, then mode 2 copy
+//   when both are needed; each R*K int8 + R*K/32 {scale, sum}), unless xg is given: then mvq_quant
+//   already wrote that same layout there (when it does not fit MVQ_SMEM<RM>).
+// flags: bit 0 prefetches the block's first item into L2 while x is quantized, bit 1 the next
+//   item while one is computed (NVIDIA only; no-ops elsewhere).
+#include "mmv.h"
+
+#define DESC_LEN 8
+
+// Type ids of the descriptors (FORGE_WEIGHT_TYPES order; forge_hip.library.TYPE_IDS).
+enum { MT_F32, MT_F16, MT_BF16, MT_Q4_0, MT_Q4_1, MT_Q5_0, MT_Q5_1, MT_Q8_0, MT_Q2_K, MT_Q3_K,
+       MT_Q4_K, MT_Q5_K, MT_Q6_K };
+
+// Shared bytes for quantized x (forge_hip.plan.MVQ_SMEM mirrors it).
+template <int RM> struct MvqSmem {
+    enum { bytes = RM == 1 ? 20480 : 40960 };
+};
+
+struct MvMat {
+    const u8* W;
+    const float* x;
+    float* y;
+    const float* bias;
+    int type, K, N;
+    i64 row_bytes;
+};
+
+FORGE_DEV MvMat mv_mat(const i64* d) {
+    MvMat m;
+    m.W = (const u8*)d[0];
+    m.x = (const float*)d[1];
+    m.y = (float*)d[2];
+    m.bias = (const float*)d[3];
+    m.type = (int)d[4];
+    m.K = (int)d[5];
+    m.N = (int)d[6];
+    m.row_bytes = d[7];
+    return m;
+}
+
+// Bit of the quantized copy of x a weight type reads: 1 (blocks of 32), 2 (blocks of 256), 0 none.
+FORGE_DEV int mvq_need(int t) { return t <= MT_BF16 ? 0 : t <= MT_Q8_0 ? 1 : 2; }
+
+// Quantize 8 values (dst 8-aligned) as rint(v * inv), clamped to 127 when `clamp`; returns their
+// sum.
+FORGE_DEV int mvq_store8(i8* dst, const float* v, float inv, bool clamp, bool store) {
+    u32 w[2] = {0u, 0u};
+    int s = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        float f = rintf(v[e] * inv);
+        if (clamp) f = fminf(f, 127.0f);
+        const int q = (int)f;
+        s += q;
+        w[e >> 2] |= (u32)(q & 255) << (8 * (e & 3));
+    }
+    if (store) {
+        V2 p;
+        p.x = w[0];
+        p.y = w[1];
+        *(V2*)dst = p;
+    }
+    return s;
+}
+
+// Quantize rows of x [R, K] into base + off1 (need bit 0) and base + off2 (need bit 1). Tasks of
+// 256 elements, one per 32-lane group (8 consecutive elements per lane): task0 + group, in steps.
+FORGE_DEV void mvq_quantize(const float* x, int K, int R, int need, u8* base, int off1, int off2,
+                            int task0, int tstep) {
+    const int lane = threadIdx.x & 31, T = (K + 255) >> 8;
+    for (int task = task0 + (int)(threadIdx.x >> 5); task < R * T; task += tstep) {
+        const int r = task / T, k = 256 * (task % T) + 8 * lane;
+        const bool in = k < K;  // K % 32 == 0: a 32-block is wholly in or out
+        float v[8];
+        if (in) {
+            const F4 a = *(const F4*)(x + (i64)r * K + k), b = *(const F4*)(x + (i64)r * K + k + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z;
+            v[7] = b.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+        }
+        // the first element of largest magnitude (llama.cpp's Q8_K peak), and the amax
+        float am = 0.0f, pk = 0.0f;
+        int idx = k;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if (fabsf(v[e]) > am) {
+                am = fabsf(v[e]);
+                pk = v[e];
+                idx = k + e;
+            }
+        }
+        const i64 at = (i64)r * K + k, blk = (i64)r * (K / 32) + k / 32;
+        if (need & 1) {  // Q8_0 rounding: d = amax / 127 stored as f16
+            float bm = fmaxf(am, shfl_xor(am, 1));
+            bm = fmaxf(bm, shfl_xor(bm, 2));
+            const float d = bm / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int s = mvq_store8((i8*)(base + off1) + at, v, inv, false, in);
+            s += shfl_xor_int(s, 1);
+            s += shfl_xor_int(s, 2);
+            if (in && (lane & 3) == 0) {
+                F2 ds;
+                ds.x = h2f(f2h(d));
+                ds.y = (float)s;
+                ((F2*)(base + off1 + R * K))[blk] = ds;
+            }
+        }
+        if (need & 2) {  // Q8_K rounding: scale -peak / 127 over 256 elements (K % 256 == 0)
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) {
+                const float am2 = shfl_xor(am, m), pk2 = shfl_xor(pk, m);
+                const int idx2 = shfl_xor_int(idx, m);
+                if (am2 > am || (am2 == am && idx2 < idx)) {
+                    am = am2;
+                    pk = pk2;
+                    idx = idx2;
+                }
+            }
+            const float is = pk != 0.0f ? -127.0f / pk : 0.0f, d = is != 0.0f ? 1.0f / is : 0.0f;
+            int s = mvq_store8((i8*)(base + off2) + at, v, is, true, in);
+            s += shfl_xor_int(s, 1);
+            s += shfl_xor_int(s, 2);
+            if (in && (lane & 3) == 0) {
+                F2 ds;
+                ds.x = d;
+                ds.y = (float)s;
+                ((F2*)(base + off2 + R * K))[blk] = ds;
+            }
+        }
+    }
+}
+
+// Start moving `bytes` at p into L2 (the whole block shares the work).
+FORGE_DEV void mvq_prefetch(const u8* p, i64 bytes) {
+#if defined(FORGE_NV)
+    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    }
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// Item w: matrix m (among nmat from `first`) and its row group j; false past the last item.
+FORGE_DEV bool mvq_item(const i64* descs, int first, int nmat, int RB, int w, MvMat* m, int* j) {
+    for (int c = 0; c < nmat; ++c) {
+        *m = mv_mat(descs + (i64)(first + c) * DESC_LEN);
+        const int items = (m->N + RB - 1) / RB;
+        if (w < items) {
+            *j = w;
+            return true;
+        }
+        w -= items;
+    }
+    return false;
+}
+
+FORGE_DEV void mvq_prefetch_item(const i64* descs, int first, int nmat, bool glu, int RB, int w) {
+    MvMat m;
+    int j;
+    if (!mvq_item(descs, first, nmat, RB, w, &m, &j)) return;
+    const int rows = min(RB, m.N - j * RB);
+    mvq_prefetch(m.W + (i64)j * RB * m.row_bytes, (i64)rows * m.row_bytes);
+    if (glu) {
+        const MvMat u = mv_mat(descs + (i64)(first + 1) * DESC_LEN);
+        mvq_prefetch(u.W + (i64)j * RB * u.row_bytes, (i64)rows * u.row_bytes);
+    }
+}
+
+// F32/F16/BF16 rows: element by element, x rounded as that weight type's prefill rounds it.
+template <int RM>
+FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, int G, int R,
+                         float* acc) {
+    for (int k = lane; k < K; k += G) {
+        const float w = t == MT_F32   ? ((const float*)row)[k]
+                        : t == MT_F16 ? h2f(((const u16*)row)[k])
+                                      : bf2f(((const u16*)row)[k]);
+#pragma unroll
+        for (int r = 0; r < RM; ++r) {
+            if (r < R) {
+                float v = x[(i64)r * K + k];
+                if (t == MT_F16) v = h2f(f2h(v));
+                if (t == MT_BF16) v = bf2f(f2bf(v));
+                acc[r] += w * v;
+            }
+        }
+    }
+}
+
+// This lane's share of row n . x[r] for r < R, added to acc: MVQ_STEP units per step in flight
+// (one for Q5_K and the float-decoded types). GEN: with Q2_K/Q3_K (their float decoders need
+// many registers, so the kernels for the other types leave them out and skip their rows).
+#ifndef MVQ_STEP
+#define MVQ_STEP 2
+#endif
+#define MVQ_ROW(F, U, X)                                                                \
+    {                                                                                   \
+        const int units = (U);                                                          \
+        int u = lane;                                                                   \
+        for (; u + (MVQ_STEP - 1) * G < units; u += MVQ_STEP * G) {                     \
+            _Pragma("unroll") for (int s = 0; s < MVQ_STEP; ++s)                        \
+                F<RM>(row, u + s * G, X, R, acc);                                       \
+        }                                                                               \
+        for (; u < units; u += G) F<RM>(row, u, X, R, acc);                             \
+        break;                                                                          \
+    }
+#define MVQ_ROW1(F, U, X)                                                               \
+    {                                                                                   \
+        for (int u = lane; u < (U); u += G) F<RM>(row, u, X, R, acc);                   \
+        break;                                                                          \
+    }
+#define MVQ_ROW_GEN(F, U, X)                                                            \
+    {                                                                                   \
+        if (GEN) {                                                                      \
+            for (int u = lane; u < (U); u += G) F<RM>(row, u, X, R, acc);               \
+        }                                                                               \
+        break;                                                                          \
+    }
+
+template <int RM, bool GEN>
+FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, const XQ& x2, int R,
+                       float* acc) {
+    const u8* row = m.W + (i64)n * m.row_bytes;
+    const int K = m.K;
+    switch (m.type) {
+        case MT_Q4_0: MVQ_ROW(unit_q4_0, K / 16, x1)
+        case MT_Q4_1: MVQ_ROW(unit_q4_1, K / 16, x1)
+        case MT_Q5_0: MVQ_ROW(unit_q5_0, K / 16, x1)
+        case MT_Q5_1: MVQ_ROW(unit_q5_1, K / 16, x1)
+        case MT_Q8_0: MVQ_ROW(unit_q8_0, K / 8, x1)
+        case MT_Q2_K: MVQ_ROW_GEN(unit_q2_k, K / 32, x2)
+        case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
+        case MT_Q4_K: MVQ_ROW(unit_q4_k, K / 32, x2)
+        case MT_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
+        case MT_Q6_K: MVQ_ROW(unit_q6_k, K / 16, x2)
+        default: row_dot_f<RM>(m.type, row, m.x, K, lane, G, R, acc); break;
+    }
+}
+
+FORGE_DEV float group_sum(float v, int G) {
+    for (int s = G >> 1; s > 0; s >>= 1) v += shfl_xor(v, s);
+    return v;
+}
+
+FORGE_DEV float mvq_act(float a, int act) {
+    return act == 1 ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                    : a / (1.0f + expf(-a));
+}
+
+// count matrices (glu: 2, gate and up, over the gate's rows; act >= 0).
+template <int RM, bool GEN>
+FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const u8* xg,
+                        int flags, int act) {
+    __shared__ V4 xs[MvqSmem<RM>::bytes / 16];
+    const bool glu = act >= 0;
+    const int nmat = glu ? 1 : count, RB = blockDim.x / G;
+    int total = 0, need = 0;
+    for (int c = 0; c < count; ++c) {
+        const i64* d = descs + (i64)(first + c) * DESC_LEN;
+        if (c < nmat) total += ((int)d[6] + RB - 1) / RB;
+        need |= mvq_need((int)d[4]);
+    }
+    if ((int)blockIdx.x >= total) return;
+    if (flags & 1) mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x);
+    const MvMat m0 = mv_mat(descs + (i64)first * DESC_LEN);
+    const int K = m0.K, rs = R * K + R * K / 4;
+    u8* base = xg ? (u8*)xg : (u8*)xs;
+    const int off2 = (need & 1) ? rs : 0;
+    XQ x1, x2;
+    x1.q = (const i8*)base, x1.ds = (const F2*)(base + R * K), x1.K = K;
+    x2.q = (const i8*)(base + off2), x2.ds = (const F2*)(base + off2 + R * K), x2.K = K;
+    if (!xg && need) {
+        mvq_quantize(m0.x, K, R, need, base, 0, off2, 0, blockDim.x >> 5);
+        __syncthreads();
+    }
+    const int lane = threadIdx.x % G, grp = threadIdx.x / G;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        MvMat m;
+        int j;
+        mvq_item(descs, first, nmat, RB, w, &m, &j);
+        if (flags & 2) mvq_prefetch_item(descs, first, nmat, glu, RB, w + gridDim.x);
+        const int n = j * RB + grp;
+        float acc[RM], acc2[RM];
+#pragma unroll
+        for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
+        const MvMat up = mv_mat(descs + (i64)(first + (glu ? 1 : 0)) * DESC_LEN);
+        if (n < m.N) {
+            row_dot<RM, GEN>(m, n, lane, G, x1, x2, R, acc);
+            if (glu) row_dot<RM, GEN>(up, n, lane, G, x1, x2, R, acc2);
+        }
+#pragma unroll
+        for (int r = 0; r < RM; ++r) {
+            acc[r] = group_sum(acc[r], G);
+            if (glu) acc2[r] = group_sum(acc2[r], G);
+        }
+        if (lane == 0 && n < m.N) {
+#pragma unroll
+            for (int r = 0; r < RM; ++r) {
+                if (r < R) {
+                    float a = acc[r] + (m.bias ? m.bias[n] : 0.0f);
+                    if (glu) a = mvq_act(a, act) * (acc2[r] + (up.bias ? up.bias[n] : 0.0f));
+                    m.y[(i64)r * m.N + n] = a;
+                }
+            }
+        }
+    }
+}
+
+// __launch_bounds__ blocks per multiprocessor: 4 (at most 64 registers) for 1-2 rows, fewer for
+// more rows (their accumulators); MVQ_MIN_BLOCKS overrides all (experiments).
+#ifdef MVQ_MIN_BLOCKS
+#define MVQ_MINB(B) MVQ_MIN_BLOCKS
+#else
+#define MVQ_MINB(B) B
+#endif
+#define MVQ_KERNELS(SUFFIX, RM, GEN, MINB)                                              \
+    FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
+        mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
+                           int G, const u8* xg, int flags) {                            \
+        mvq_body<RM, GEN>(descs, first, count, R, G, xg, flags, -1);                    \
+    }                                                                                   \
+    FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
+        mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
+                         const u8* xg, int flags, int act) {                            \
+        mvq_body<RM, GEN>(descs, first, 2, R, G, xg, flags, act);                       \
+    }
+MVQ_KERNELS(r1, 1, false, 4)
+MVQ_KERNELS(r2, 2, false, 4)
+MVQ_KERNELS(r4, 4, false, 3)
+MVQ_KERNELS(r8, 8, false, 2)
+MVQ_KERNELS(gen, 8, true, 2)  // any type, R <= 8
+
+// x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared
+// memory). need: bit 0 blocks of 32, bit 1 blocks of 256. block = 256, grid = ceil(R * K/256 / 8).
+FORGE_KERNEL void mvq_quant(const float* __restrict__ x, u8* __restrict__ xg, int K, int R,
+                            int need) {
+    const int rs = R * K + R * K / 4, groups = blockDim.x >> 5;
+    mvq_quantize(x, K, R, need, xg, 0, (need & 1) ? rs : 0, blockIdx.x * groups,
+                 gridDim.x * groups);
+}
