@@ -37,6 +37,41 @@ GEMM_THREADS = 256
 ROPE_THREADS = 128
 NORM_THREADS = 256
 
+# Decode products (mmv.hip): int8 activations rounded like llama.cpp's, integer dot products.
+MVQ_THREADS = 256  # block size of the mvq_* kernels
+MVQ_SMEM = {1: 20480, 2: 40960, 4: 40960, 8: 40960}  # mmv.hip's MvqSmem: bytes of quantized x
+MVQ_GEN = {"Q2_K", "Q3_K"}  # types only the mvq_*_gen kernels decode
+# Elements per unit (one lane's step, see mmv.h) of each weight type.
+MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
+            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
+
+
+def mvq_variant(types: list[str], rows: int) -> tuple[str, int]:
+    """(kernel suffix, most rows) of the mvq kernels for matrices of `types` and `rows` rows."""
+    if MVQ_GEN & set(types):
+        return "gen", 8
+    rm = next(r for r in (1, 2, 4, 8) if r >= rows)
+    return f"r{rm}", rm
+
+
+def mvq_need(types: list[str]) -> int:
+    """Quantized copies of x the types read: bit 0 blocks of 32 (Q8_0-like), bit 1 of 256."""
+    return sum({1: 1, 2: 2}.get(m, 0) for m in {ROUND_MODE[t] for t in types})
+
+
+def mvq_xbytes(need: int, rows: int, k: int) -> int:
+    """Bytes of the quantized copies of x: int8 values plus an 8-byte {scale, sum} per 32."""
+    return bin(need).count("1") * (rows * k + rows * k // 4)
+
+
+def mvq_lanes(types: list[str], k: int) -> int:
+    """Lanes per weight row: at least two units each, at most 32."""
+    units = min(k // MVQ_UNIT[t] for t in types)
+    g = 4
+    while g < 32 and 2 * (2 * g) <= units:
+        g *= 2
+    return g
+
 
 class Plan:
     """Resolves the kernels of a model and enqueues the launches of a forward pass."""
@@ -55,6 +90,9 @@ class Plan:
         self.warp = warp
         self.round_prefill = True  # prefill products round activations like llama.cpp's
         self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
+        self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
+        self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
+        self.mvq_flags = 1  # mmv.hip's flags (bit 0: L2 prefetch of a block's first rows)
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -125,11 +163,40 @@ class Plan:
             if bias:
                 self.launch(self.op["add_bias"], (rows,), (NORM_THREADS,), [y, bias, p.n])
 
-    def _matvec(self, first: int, count: int, rows: int) -> None:
-        """Decode products (few rows) of descriptors first .. first + count - 1."""
-        max_n = max(p.n for p, _ in self.mats[first : first + count])
-        grid = (-(-max_n // MV_WARPS), rows, count)
-        self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
+    def _matvec(self, first: int, count: int, rows: int, act: int | None = None) -> None:
+        """Decode products (few rows) of descriptors first .. first + count - 1, which share x:
+        mmv.hip with int8 activations rounded as prefill rounds them; without rounding
+        (round_prefill off) linear.hip's float kernels. `act`: the gated product (gate, up) with
+        that activation."""
+        mats = [p for p, _ in self.mats[first : first + count]]
+        ws = self.ws
+        if not self.round_prefill:
+            grid = (-(-max(p.n for p in mats) // MV_WARPS), rows, 1 if act is not None else count)
+            args = [ws.descs, first] + ([act] if act is not None else [])
+            kernel = self.mv_glu if act is not None else self.mv_multi
+            self.launch(kernel, grid, (MV_WARPS * self.warp,), args)
+            return
+        types = [p.type for p in mats]
+        k, x = mats[0].k, self.descs[first][1]
+        suffix, rm = mvq_variant(types, rows)
+        need = mvq_need(types)
+        g = self.mvq_lanes or mvq_lanes(types, k)
+        rb = MVQ_THREADS // g
+        items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
+        most = self.mvq_blocks * self.lib.runtime.props.compute_units
+        grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
+        xg = 0
+        if need and mvq_xbytes(need, rows, k) > MVQ_SMEM[rm]:  # x quantized once, in global
+            xg = ws.xq
+            tasks = rows * -(-k // 256)
+            self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+                        [x, xg, k, rows, need])  # fmt: skip
+        if act is None:
+            self.launch(self.lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
+                        [ws.descs, first, count, rows, g, xg, self.mvq_flags])  # fmt: skip
+        else:
+            self.launch(self.lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
+                        [ws.descs, first, rows, g, xg, self.mvq_flags, act])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
         """Prefill products (many rows) of descriptors first .. first + count - 1: on tensor cores
@@ -169,13 +236,34 @@ class Plan:
         act = 1 if s.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
         if fused and rows <= MV_MAX_ROWS:
-            grid = (-(-s.n_ff // MV_WARPS), rows, 1)
-            self.launch(self.mv_glu, grid, (MV_WARPS * self.warp,), [ws.descs, first, act])
+            self._matvec(first, 2, rows, act)
             return
         self.matmul(first, 2, rows)
         n = rows * s.n_ff
         kernel = self.op["geglu" if act else "swiglu"]
         self.launch(kernel, (min(4096, -(-n // 256)),), (256,), [ws.g, ws.u, ws.g, n])
+
+    def _prefill_attention(self, rows: int, meta, kv, i: int) -> bool:
+        """Attention of `rows` prefill rows of layer i (after qk_rope_store) into ws.attn by
+        attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
+        K/V tile, flash-attention style. With a float16 cache and rounded prefill products,
+        tensor cores on NVIDIA (Q and the probabilities rounded to float16, as llama.cpp's f16
+        K/V products round them); else float32 math. False, launching nothing, when the head
+        sizes do not fit it (D over 256; tensor-core rows not a multiple of 8 values)."""
+        s, ws = self.spec, self.ws
+        d, dv = s.head_dim, s.head_dim_v
+        dp = next((p for p in (64, 128, 256) if d <= p), None)  # the kernel's padded D
+        mode = (1 if self.round_prefill else 2) if kv.f16 else 0
+        if dp is None or (mode == 1 and (d % 8 or dv % 8)):
+            return False
+        dvc = min(dp, 128)  # AP_DVC: output columns per block
+        kc, vc = kv.layer(i)
+        grid = (-(-rows * (s.n_head // s.n_head_kv) // 64), s.n_head_kv, -(-dv // dvc))
+        self.launch(self.lib.get(f"attn_prefill_{dp}"), grid, (128,),
+                    [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.attn, rows, s.n_head,
+                     s.n_head_kv, d, dv, kv.block_size, s.attn_scale,
+                     s.layers[i].sliding_window or 0, mode])  # fmt: skip
+        return True
 
     # -- the pass ---------------------------------------------------------------------------------
     def layers_pass(self, rows: int, splits: int, meta, kv, decode: bool = False) -> None:
@@ -205,10 +293,11 @@ class Plan:
                   [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc,
                    vc, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, *rope,
                    int(kv.f16)])  # fmt: skip
-                L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
-                  [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
-                   ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
-                   *att])  # fmt: skip
+                if rows <= MV_MAX_ROWS or not self._prefill_attention(rows, meta, kv, i):
+                    L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
+                      [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
+                       ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
+                       *att])  # fmt: skip
             self.matmul(layer["wo"], 1, rows)
             L(op["add_norm"], (rows,), (NORM_THREADS,),
               [ws.x, ws.o, layer["post_attn"], layer["ffn_norm"], ws.h, e, eps])  # fmt: skip

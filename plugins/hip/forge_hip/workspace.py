@@ -46,6 +46,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "am": 4 * o,
         "descs": 8 * DESC_LEN * n_desc,
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
+        "xq": 2 * (8 * widest + 2 * widest),  # int8 x of decode products (mmv.hip), 8 rows
     }
 
 
