@@ -32,6 +32,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "argmax": ("argmax.hip", "pip"),
     "qk_rope_store": ("attention.hip", "pppppppppiiiiiifffi"),
     "attn_rows": ("attention.hip", "ppppppppppiiiifii"),
+    **{f"attn_prefill_{d}": ("attn_prefill.hip", "pppppppiiiiiifii") for d in (64, 128, 256)},
     "attn_decode": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii"),
     "sample_rows": ("sampling.hip", "pipipp"),
     "mv_multi": ("linear.hip", "pi"),

@@ -1,0 +1,502 @@
+// attn_prefill.hip: causal attention of many query rows at once (prefill), flash-attention style,
+// over the paged KV cache that qk_rope_store (attention.hip) has just filled.
+//
+// Inputs as attention.hip's attn_rows takes them: q [R, H, D] (normed, rotated, float32),
+// kc [n_slots, Hkv, D] / vc [n_slots, Hkv, Dv] (float16 when kv_f16, else float32), per row r
+// pos[r] and btoff[r] (its sequence's block table bt + btoff[r]; position p lives in slot
+// table[p / block_size] * block_size + p % block_size). Row r attends to positions lo .. pos[r]
+// of its own sequence, lo = pos[r] + 1 - window when window > 0 and that is > 0, else 0.
+// out [R, H, Dv] float32.
+//
+// A block takes AP_ROWS query rows of one KV head: the pairs (token r, head g of the group)
+// numbered i = r * G + g (G = H / Hkv query heads per KV head), i in [i0, i0 + AP_ROWS), so the
+// heads sharing a K/V tile read it once. The rows' tokens may belong to several sequences (a
+// mixed batch): the block walks its runs of equal btoff (segments) one after the other, each
+// over its own key range, the rows of the other segments masked. blockIdx.z picks AP_DVC(DP)
+// columns of the output (Dv wider than that takes several blocks, each recomputing the scores).
+// Blocks with the most keys (the last rows) start first.
+//
+// kv_f16: 0 float32 cache; 1 float16 cache, rounded operands allowed; 2 float16 cache, float32
+// math (the SIMT path everywhere, what a prefill that must match the decode kernels uses).
+// NVIDIA, kv_f16 = 1: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles of BK
+// positions copied into shared memory by cp.async (the next K tile loads during this tile's
+// softmax and P V, the next V tile during the next scores), S = Q K^T and O += P V by
+// mma.sync m16n8k16 (float16 operands, float32 accumulators), online softmax in float32 with
+// exp2. Rounding: Q and P are rounded to float16 (as llama.cpp's f16 K/V products round them).
+// Elsewhere (AMD, and kv_f16 0 or 2): a SIMT path in float32, 4 threads per row, tiles of
+// AP_SIMT_BK positions in shared memory as float32, 32 rows at a time (two passes per block).
+//
+// Kernels attn_prefill_64 / _128 / _256: D padded to DP = 64 / 128 / 256 (zeros past D). kv_f16 = 1
+// needs D and Dv multiples of 8 (16-byte rows). grid = (ceil(R * G / AP_ROWS), Hkv,
+// ceil(Dv / AP_DVC(DP))), block = AP_THREADS.
+#include "forge_hip.h"
+
+#define AP_ROWS 64
+#define AP_THREADS 128
+#define AP_SIMT_BK 16
+#define AP_DVC(DP) ((DP) < 128 ? (DP) : 128)
+#define AP_BK(DP) ((DP) > 128 ? 32 : 64)
+#define AP_NEG (-3.0e38f)   // score of a masked position
+#define AP_LIVE (-1.0e38f)  // scores above this are not masked
+#define AP_LOG2E 1.4426950408889634f
+
+// Shared memory of one block: the larger of the two paths' tiles (16-bit words).
+template <int DP> struct ApSmem {
+    static constexpr int LDK = DP + 8, LDV = AP_DVC(DP) + 8;  // padded rows: ldmatrix without conflicts
+    static constexpr int MMA = AP_BK(DP) * (LDK + LDV);
+    static constexpr int SIMT = 2 * AP_SIMT_BK * (DP + AP_DVC(DP));
+    static constexpr int WORDS = MMA > SIMT ? MMA : SIMT;
+};
+
+struct ApArgs {
+    const float* q;
+    const void* kc;
+    const void* vc;
+    const i32* bt;
+    float* out;
+    int R, H, Hkv, D, Dv, bs, window;
+    float sl;  // scale * log2(e)
+    int G, kvh, i0, col0, t_first, n_tok;
+    const i32* s_pos;  // shared: pos and btoff of the block's tokens t_first ..
+    const i32* s_off;
+};
+
+// The segment starting at block token a: its last token, its first key and its key end.
+struct ApSeg {
+    int last, kbeg, kend;
+};
+
+FORGE_DEV int ap_lo(int p, int window) { return window > 0 && p + 1 > window ? p + 1 - window : 0; }
+
+FORGE_DEV ApSeg ap_segment(const ApArgs& a, int t) {
+    ApSeg s;
+    s.last = t;
+    s.kbeg = ap_lo(a.s_pos[t], a.window);
+    s.kend = a.s_pos[t] + 1;
+    while (s.last + 1 < a.n_tok && a.s_off[s.last + 1] == a.s_off[t]) {
+        ++s.last;
+        const int p = a.s_pos[s.last], lo = ap_lo(p, a.window);
+        s.kbeg = lo < s.kbeg ? lo : s.kbeg;
+        s.kend = p + 1 > s.kend ? p + 1 : s.kend;
+    }
+    return s;
+}
+
+// Row `row` of the block: its query (null when past the last pair), output row, and (for the
+// segment of block tokens [sa, sb]) its key range [lo, hi] (hi = -1: no keys in this segment).
+struct ApRow {
+    const float* q;
+    float* o;
+    int tok;  // block token index
+};
+
+FORGE_DEV ApRow ap_row(const ApArgs& a, int row) {
+    ApRow r;
+    const int i = a.i0 + row;
+    r.q = 0;
+    r.o = 0;
+    r.tok = -1;
+    if (i < a.R * a.G) {
+        const int t = i / a.G, h = a.kvh * a.G + i % a.G;
+        r.q = a.q + ((i64)t * a.H + h) * a.D;
+        r.o = a.out + ((i64)t * a.H + h) * a.Dv;
+        r.tok = t - a.t_first;
+    }
+    return r;
+}
+
+FORGE_DEV void ap_range(const ApArgs& a, int tok, int sa, int sb, int& lo, int& hi) {
+    if (tok >= sa && tok <= sb) {
+        hi = a.s_pos[tok];
+        lo = ap_lo(hi, a.window);
+    } else {
+        hi = -1;
+        lo = 0x7fffffff;
+    }
+}
+
+// ---- portable SIMT path (float32) ------------------------------------------------------------
+
+template <bool F16> FORGE_DEV float ap_at(const void* c, i64 i) {
+    return F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
+}
+
+// Positions k0 .. k0 + AP_SIMT_BK - 1 of one head into dst [AP_SIMT_BK][W] (zeros past kend or
+// past `width` columns).
+template <int W, bool F16>
+FORGE_DEV void ap_simt_tile(float* dst, const void* cache, const i32* table, int bs, int Hkv,
+                            int kvh, int width, int col0, int k0, int kend) {
+    for (int e = threadIdx.x; e < AP_SIMT_BK * W; e += AP_THREADS) {
+        const int key = e / W, d = e % W, p = k0 + key;
+        float v = 0.0f;
+        if (p < kend && col0 + d < width) {
+            const i64 slot = (i64)table[p / bs] * bs + p % bs;
+            v = ap_at<F16>(cache, (slot * Hkv + kvh) * width + col0 + d);
+        }
+        dst[e] = v;
+    }
+}
+
+template <int DP, bool F16> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) {
+    constexpr int DVC = AP_DVC(DP), NQ = DP / 4, NO = DVC / 4;
+    float* Ks = smem;
+    float* Vs = smem + AP_SIMT_BK * DP;
+    const int sub = threadIdx.x & 3;
+    for (int half = 0; half < AP_ROWS / (AP_THREADS / 4); ++half) {
+        const ApRow r = ap_row(a, half * (AP_THREADS / 4) + (threadIdx.x >> 2));
+        float qv[NQ], acc[NO];
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+            const int d = sub + 4 * i;
+            qv[i] = r.q && d < a.D ? r.q[d] * a.sl : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < NO; ++i) acc[i] = 0.0f;
+        float m = AP_NEG, l = 0.0f;
+        for (int sa = 0; sa < a.n_tok;) {
+            const ApSeg seg = ap_segment(a, sa);
+            const i32* table = a.bt + a.s_off[sa];
+            int lo, hi;
+            ap_range(a, r.tok, sa, seg.last, lo, hi);
+            for (int k0 = seg.kbeg; k0 < seg.kend; k0 += AP_SIMT_BK) {
+                __syncthreads();  // the previous tile is consumed
+                ap_simt_tile<DP, F16>(Ks, a.kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0, seg.kend);
+                ap_simt_tile<DVC, F16>(Vs, a.vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0,
+                                       seg.kend);
+                __syncthreads();
+                float s[AP_SIMT_BK], mx = m;
+#pragma unroll
+                for (int j = 0; j < AP_SIMT_BK; ++j) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < NQ; ++i) dot += qv[i] * Ks[j * DP + sub + 4 * i];
+                    dot += shfl_xor(dot, 1);
+                    dot += shfl_xor(dot, 2);
+                    const int p = k0 + j;
+                    s[j] = p >= lo && p <= hi ? dot : AP_NEG;
+                    mx = fmaxf(mx, s[j]);
+                }
+                const float alpha = exp2f(m - mx);
+                l *= alpha;
+#pragma unroll
+                for (int i = 0; i < NO; ++i) acc[i] *= alpha;
+#pragma unroll
+                for (int j = 0; j < AP_SIMT_BK; ++j) {
+                    const float p = s[j] > AP_LIVE ? exp2f(s[j] - mx) : 0.0f;
+                    l += p;
+#pragma unroll
+                    for (int i = 0; i < NO; ++i) acc[i] += p * Vs[j * DVC + sub + 4 * i];
+                }
+                m = mx;
+            }
+            sa = seg.last + 1;
+        }
+        if (r.o) {
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+            for (int i = 0; i < NO; ++i) {
+                const int d = a.col0 + sub + 4 * i;
+                if (sub + 4 * i < DVC && d < a.Dv) r.o[d] = acc[i] * inv;
+            }
+        }
+    }
+}
+
+// ---- NVIDIA tensor-core path (float16 cache) -------------------------------------------------
+
+#if defined(FORGE_NV)
+FORGE_DEV u32 ap_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+FORGE_DEV void ap_cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ap_saddr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+FORGE_DEV void ap_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> FORGE_DEV void ap_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+FORGE_DEV void ap_ldsm(const u16* p, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ap_saddr(p)));
+}
+
+FORGE_DEV void ap_ldsm_t(const u16* p, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ap_saddr(p)));
+}
+
+FORGE_DEV void ap_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+FORGE_DEV u32 ap_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Positions k0 .. k0 + BK - 1 of one head (W columns from col0, `width` per cache row) into
+// dst [BK][ld] by cp.async; zeros past kend or past width.
+template <int W, int BK>
+FORGE_DEV void ap_mma_tile(u16* dst, int ld, const u16* cache, const i32* table, int bs, int Hkv,
+                           int kvh, int width, int col0, int k0, int kend) {
+    constexpr int CPR = W / 8;  // 16-byte pieces per row
+    static_assert(BK * CPR % AP_THREADS == 0, "whole tile rounds");
+    // not unrolled: the unrolled address arithmetic costs registers (and spills at DP 256)
+#pragma unroll 1
+    for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
+        const int c = threadIdx.x + it * AP_THREADS;
+        const int key = c / CPR, col = (c % CPR) * 8, p = k0 + key;
+        const bool ok = p < kend && col0 + col < width;
+        const u16* src = cache;
+        if (ok) {
+            const i64 slot = (i64)table[p / bs] * bs + p % bs;
+            src = cache + (slot * Hkv + kvh) * width + col0 + col;
+        }
+        ap_cp16(dst + key * ld + col, src, ok);
+    }
+}
+
+template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
+    constexpr int DVC = AP_DVC(DP), BK = AP_BK(DP), LDK = ApSmem<DP>::LDK, LDV = ApSmem<DP>::LDV;
+    u16* Ks = smem;
+    u16* Vs = smem + BK * LDK;
+    const u16* kc = (const u16*)a.kc;
+    const u16* vc = (const u16*)a.vc;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const ApRow ra = ap_row(a, warp * 16 + (lane >> 2)), rb = ap_row(a, warp * 16 + (lane >> 2) + 8);
+
+    // Q fragments (A operand, rows ra / rb, columns 16 ks + 2 (lane & 3) + {0, 1, 8, 9})
+    u32 qf[DP / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < DP / 16; ++ks) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const float* qr = x & 1 ? rb.q : ra.q;
+            const int c = 16 * ks + 2 * (lane & 3) + 8 * (x >> 1);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (qr && c < a.D) v = *(const float2*)(qr + c);
+            qf[ks][x] = ap_h2(v.x, v.y);
+        }
+    }
+    float o[DVC / 8][4];
+#pragma unroll
+    for (int n = 0; n < DVC / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {AP_NEG, AP_NEG}, l[2] = {0.0f, 0.0f};
+
+    for (int sa = 0; sa < a.n_tok;) {
+        const ApSeg seg = ap_segment(a, sa);
+        const i32* table = a.bt + a.s_off[sa];
+        int lo[2], hi[2];
+        ap_range(a, ra.tok, sa, seg.last, lo[0], hi[0]);
+        ap_range(a, rb.tok, sa, seg.last, lo[1], hi[1]);
+        __syncthreads();  // the previous segment's last tile is consumed
+        ap_mma_tile<DP, BK>(Ks, LDK, kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, seg.kbeg, seg.kend);
+        ap_commit();
+        ap_mma_tile<DVC, BK>(Vs, LDV, vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, seg.kbeg,
+                             seg.kend);
+        ap_commit();
+        for (int k0 = seg.kbeg; k0 < seg.kend; k0 += BK) {
+            const bool more = k0 + BK < seg.kend;
+            // this warp has a live score in the tile
+            const bool live = __any_sync(0xffffffffu, (hi[0] >= k0 && lo[0] < k0 + BK) ||
+                                                          (hi[1] >= k0 && lo[1] < k0 + BK));
+            ap_wait<1>();  // K of this tile
+            __syncthreads();
+            float s[BK / 8][4];
+            if (live) {
+#pragma unroll
+                for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < DP / 16; ++ks) {
+#pragma unroll
+                    for (int jj = 0; jj < BK / 16; ++jj) {
+                        u32 b[4];
+                        ap_ldsm(Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LDK + 16 * ks +
+                                    ((lane >> 3) & 1) * 8,
+                                b);
+                        ap_mma(s[2 * jj], qf[ks], b[0], b[1]);
+                        ap_mma(s[2 * jj + 1], qf[ks], b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads();  // every warp is done with K
+            if (more) {
+                ap_mma_tile<DP, BK>(Ks, LDK, kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0 + BK,
+                                    seg.kend);
+            }
+            ap_commit();
+            u32 pf[BK / 16][4];
+            if (live) {
+                // online softmax over rows ra (x = 0: s[n][0..1]) and rb (x = 1: s[n][2..3])
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    float mx = m[x];
+#pragma unroll
+                    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int p = k0 + 8 * n + 2 * (lane & 3) + e;
+                            const float v = p >= lo[x] && p <= hi[x] ? s[n][2 * x + e] * a.sl : AP_NEG;
+                            s[n][2 * x + e] = v;
+                            mx = fmaxf(mx, v);
+                        }
+                    }
+                    mx = fmaxf(mx, shfl_xor(mx, 1));
+                    mx = fmaxf(mx, shfl_xor(mx, 2));
+                    const float alpha = exp2f(m[x] - mx);
+                    m[x] = mx;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float v = s[n][2 * x + e];
+                            const float p = v > AP_LIVE ? exp2f(v - mx) : 0.0f;
+                            s[n][2 * x + e] = p;
+                            sum += p;
+                        }
+                    }
+                    l[x] = l[x] * alpha + sum;
+#pragma unroll
+                    for (int n = 0; n < DVC / 8; ++n) {
+                        o[n][2 * x] *= alpha;
+                        o[n][2 * x + 1] *= alpha;
+                    }
+                }
+                // P as A fragments: the accumulator layout of two 8-key tiles is that of a 16-k A
+#pragma unroll
+                for (int t = 0; t < BK / 16; ++t) {
+                    pf[t][0] = ap_h2(s[2 * t][0], s[2 * t][1]);
+                    pf[t][1] = ap_h2(s[2 * t][2], s[2 * t][3]);
+                    pf[t][2] = ap_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
+                    pf[t][3] = ap_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
+                }
+            }
+            ap_wait<1>();  // V of this tile
+            __syncthreads();
+            if (live) {
+#pragma unroll
+                for (int t = 0; t < BK / 16; ++t) {
+#pragma unroll
+                    for (int nn = 0; nn < DVC / 16; ++nn) {
+                        u32 b[4];
+                        ap_ldsm_t(Vs + (16 * t + (lane & 15)) * LDV + 16 * nn + (lane >> 4) * 8, b);
+                        ap_mma(o[2 * nn], pf[t], b[0], b[1]);
+                        ap_mma(o[2 * nn + 1], pf[t], b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads();  // every warp is done with V
+            if (more) {
+                ap_mma_tile<DVC, BK>(Vs, LDV, vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0 + BK,
+                                     seg.kend);
+            }
+            ap_commit();
+        }
+        ap_wait<0>();
+        sa = seg.last + 1;
+    }
+    // the quad's partial sums, then O / l
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        l[x] += shfl_xor(l[x], 1);
+        l[x] += shfl_xor(l[x], 2);
+    }
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        float* orow = x ? rb.o : ra.o;
+        if (!orow) continue;
+        const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < DVC / 8; ++n) {
+            const int d = a.col0 + 8 * n + 2 * (lane & 3);
+            if (d < a.Dv) *(float2*)(orow + d) = make_float2(o[n][2 * x] * inv, o[n][2 * x + 1] * inv);
+        }
+    }
+}
+#endif
+
+// ---- the kernels -------------------------------------------------------------------------------
+
+template <int DP>
+FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
+                       const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
+                       int Dv, int block_size, float scale, int window, int kv_f16, u16* smem,
+                       i32* s_pos, i32* s_off) {
+    ApArgs a;
+    a.q = q;
+    a.kc = kc;
+    a.vc = vc;
+    a.bt = bt;
+    a.out = out;
+    a.R = R;
+    a.H = H;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.Dv = Dv;
+    a.bs = block_size;
+    a.window = window;
+    a.sl = scale * AP_LOG2E;
+    a.G = H / Hkv;
+    a.kvh = blockIdx.y;
+    a.i0 = (gridDim.x - 1 - blockIdx.x) * AP_ROWS;  // the last rows (most keys) first
+    a.col0 = blockIdx.z * AP_DVC(DP);
+    const int n_pairs = R * a.G;
+    if (a.i0 >= n_pairs) return;
+    const int last = (a.i0 + AP_ROWS < n_pairs ? a.i0 + AP_ROWS : n_pairs) - 1;
+    a.t_first = a.i0 / a.G;
+    a.n_tok = last / a.G - a.t_first + 1;
+    for (int t = threadIdx.x; t < a.n_tok; t += AP_THREADS) {
+        s_pos[t] = pos[a.t_first + t];
+        s_off[t] = btoff[a.t_first + t];
+    }
+    a.s_pos = s_pos;
+    a.s_off = s_off;
+    __syncthreads();
+#if defined(FORGE_NV)
+    if (kv_f16 == 1) {
+        ap_tc<DP>(a, smem);
+        return;
+    }
+#endif
+    if (kv_f16) ap_simt<DP, true>(a, (float*)smem);
+    else ap_simt<DP, false>(a, (float*)smem);
+}
+
+// Written out (not by a macro) so that each kernel's name appears in the text.
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_f16) {
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_f16,
+                smem, s_pos, s_off);
+}
+
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_f16) {
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
+                 kv_f16, smem, s_pos, s_off);
+}
+
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_f16) {
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
+                 kv_f16, smem, s_pos, s_off);
+}

@@ -1,0 +1,151 @@
+"""Prefill attention (attn_prefill.hip) against a float64 reference: batches of several sequences
+(chunked prefill: queries from start > 0 over cached keys, single-row pieces), paged caches with
+shuffled block tables and NaN in every slot no sequence owns, GQA groups that do and do not
+divide the 64-row tile, sliding windows, head sizes 64..256 (Dv may differ), float32 caches and
+float16 caches (mode 1: tensor cores on NVIDIA, Q and P rounded to float16; mode 2: float32 math),
+and outputs poisoned with NaN (rows past the batch must stay untouched)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu.helpers import rel_err
+
+AP_ROWS, AP_THREADS = 64, 128  # attn_prefill.hip's tile rows and block size
+
+
+def padded_d(d: int) -> int:
+    return next(p for p in (64, 128, 256) if d <= p)
+
+
+def reference(q, kc, vc, seqs, tables, bs, scale, window):
+    """out [R, H, Dv] in float64: row at position p of a sequence attends to its positions
+    lo .. p (lo = p + 1 - window when window > 0)."""
+    R, H, _ = q.shape
+    kvh_n = kc.shape[1]
+    group = H // kvh_n
+    out = np.empty((R, H, vc.shape[2]))
+    r = 0
+    for (start, n), table in zip(seqs, tables):
+        for p in range(start, start + n):
+            lo = max(0, p + 1 - window) if window > 0 else 0
+            keys = np.arange(lo, p + 1)
+            slots = table[keys // bs] * bs + keys % bs
+            for h in range(H):
+                k = kc[slots, h // group].astype(np.float64)
+                v = vc[slots, h // group].astype(np.float64)
+                s = k @ q[r, h].astype(np.float64) * scale
+                w = np.exp(s - s.max())
+                out[r, h] = (w / w.sum()) @ v
+            r += 1
+    return out
+
+
+CASES = [
+    # H, Hkv, D, Dv, block size, window, kv mode (0 f32, 1 f16, 2 f16 exact), (start, rows)...
+    (8, 2, 128, 128, 16, 0, 1, [(0, 77)]),  # llama-like, one prompt
+    (4, 1, 256, 256, 16, 64, 1, [(0, 45), (130, 38)]),  # gemma-like, sliding, chunked
+    (6, 6, 64, 64, 24, 0, 1, [(5, 1), (0, 70), (41, 1), (9, 3)]),  # MHA, decode rows mixed in
+    (6, 2, 96, 64, 16, 0, 1, [(0, 50), (17, 20)]),  # group 3, padded D, Dv != D
+    (16, 2, 64, 64, 32, 0, 1, [(300, 129)]),  # group 8, long cached prefix
+    (4, 1, 256, 256, 32, 512, 1, [(0, 300), (700, 211)]),  # gemma, window past the rows
+    (8, 2, 128, 128, 16, 100, 0, [(200, 33), (0, 9)]),  # f32 cache, window
+    (4, 2, 192, 128, 16, 0, 0, [(0, 31), (60, 12)]),  # f32 cache, D 192 in the 256 kernel
+    (6, 2, 96, 64, 16, 0, 2, [(0, 50), (17, 20)]),  # f16 cache, float32 math
+    (4, 1, 256, 256, 16, 64, 2, [(0, 45), (130, 38)]),
+]
+
+
+@pytest.mark.parametrize("H,KVH,D,Dv,bs,window,mode,seqs", CASES)
+def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
+    rng = np.random.default_rng()
+    need = [(start + n - 1) // bs + 1 for start, n in seqs]
+    n_blocks = sum(need) + 3
+    perm = rng.permutation(n_blocks).astype(np.int32)  # scattered, disjoint blocks
+    tables, at = [], 0
+    for k in need:
+        tables.append(perm[at : at + k])
+        at += k
+    n_slots = n_blocks * bs
+    f16 = mode > 0
+    dt = np.float16 if f16 else np.float32
+    kc = np.full((n_slots, KVH, D), np.nan, dt)  # slots no sequence owns stay NaN
+    vc = np.full((n_slots, KVH, Dv), np.nan, dt)
+    for (start, n), table in zip(seqs, tables):
+        p = np.arange(start + n)
+        slots = table[p // bs] * bs + p % bs
+        kc[slots] = rng.standard_normal((len(p), KVH, D)).astype(dt)
+        vc[slots] = rng.standard_normal((len(p), KVH, Dv)).astype(dt)
+    R = sum(n for _, n in seqs)
+    q = (2.0 * rng.standard_normal((R, H, D))).astype(np.float32)
+    pos = np.concatenate([np.arange(s, s + n) for s, n in seqs]).astype(np.int32)
+    offs = np.cumsum([0] + need[:-1])
+    btoff = np.concatenate([np.full(n, o) for (_, n), o in zip(seqs, offs)]).astype(np.int32)
+    bt = np.concatenate(tables).astype(np.int32)
+    scale = D**-0.5
+    extra = 3  # rows past the batch: must keep their poison
+    out = dev.poisoned((R + extra) * H * Dv * 4)
+    dp = padded_d(D)
+    grid = (-(-R * (H // KVH) // AP_ROWS), KVH, -(-Dv // min(dp, 128)))
+    view = np.uint16 if f16 else np.float32
+    rt.launch(
+        lib.get(f"attn_prefill_{dp}"),
+        grid,
+        (AP_THREADS,),
+        [dev.put(q), dev.put(kc.view(view)), dev.put(vc.view(view)), dev.put(bt),
+         dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, mode],
+    )  # fmt: skip
+    got = dev.get(out, (R + extra, H, Dv))
+    assert np.isnan(got[R:]).all()
+    ref = reference(q, kc, vc, seqs, tables, bs, scale, window)
+    err = rel_err(got[:R], ref)
+    # mode 1: Q and the probabilities may be rounded to float16 (tensor cores)
+    assert err < (2e-3 if mode == 1 else 1e-5), err
+    rows = np.linalg.norm(got[:R] - ref, axis=2) / np.linalg.norm(ref, axis=2)
+    assert rows.max() < (1e-2 if mode == 1 else 1e-4), rows.max()
+
+
+def test_prefill_attention_plan_routing():
+    """Plan sends prefill rows to attn_prefill (padded D), keeping attn_rows for head sizes it
+    does not take; nothing here needs a GPU."""
+    from types import SimpleNamespace
+
+    from forge_hip.plan import Plan
+
+    launches = []
+
+    class Lib:
+        def get(self, name):
+            return name
+
+    def plan_for(d, dv, f16):
+        spec = SimpleNamespace(head_dim=d, head_dim_v=dv, n_head=8, n_head_kv=2, attn_scale=0.1,
+                               layers=[SimpleNamespace(sliding_window=None)])  # fmt: skip
+        p = Plan.__new__(Plan)
+        p.spec, p.lib, p.round_prefill = spec, Lib(), True
+        p.ws = SimpleNamespace(q=1, attn=2)
+        p.launch = lambda k, grid, block, args: launches.append((k, grid, block, args))
+        kv = SimpleNamespace(f16=f16, block_size=16, layer=lambda i: (10, 11))
+        meta = SimpleNamespace(bt=3, btoff=4, pos=5)
+        return p, kv, meta
+
+    p, kv, meta = plan_for(128, 128, True)
+    assert p._prefill_attention(100, meta, kv, 0)
+    k, grid, block, args = launches[-1]
+    assert k == "attn_prefill_128" and grid == (7, 2, 1) and block == (AP_THREADS,)
+    assert args[:7] == [1, 10, 11, 3, 4, 5, 2] and args[7:] == [100, 8, 2, 128, 128, 16, 0.1,
+                                                                0, 1]  # fmt: skip
+    p, kv, meta = plan_for(256, 256, True)
+    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][0] == "attn_prefill_256"
+    assert launches[-1][1] == (1, 2, 2)
+    n = len(launches)
+    assert not plan_for(512, 512, True)[0]._prefill_attention(9, meta, kv, 0)
+    assert not plan_for(100, 100, True)[0]._prefill_attention(9, meta, kv, 0)  # 100 % 8
+    assert len(launches) == n
+    p, kv, meta = plan_for(100, 100, False)  # float32 cache: any D up to 256
+    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][0] == "attn_prefill_128"
+    assert launches[-1][3][-1] == 0
+    p, kv, meta = plan_for(128, 128, True)
+    p.round_prefill = False  # float32 math over the float16 cache
+    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2
