@@ -99,11 +99,6 @@ FORGE_DEV int shfl_idx(int v, int src) {
 #endif
 }
 
-template <bool F16>
-FORGE_DEV float kv_at(const void* c, i64 i) {
-    return F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
-}
-
 // Which positions block s of a row attends to: [begin, end) of lo .. n_kv - 1.
 struct AttSplit {
     int n_eff, begin, end;
@@ -126,125 +121,159 @@ struct AttArgs {
     const void* kc;
     const void* vc;
     const i32* table;  // the row's block table
-    const float* ks;  // shared: K and V of position self_pos (which is not read from the cache)
-    const float* vs;
-    int self_pos;  // -1: none
-    int block_size, Hkv, kvh, D, Dv, begin, end;
+    int block_size, Hkv, kvh, D, Dv, begin, end;  // cached positions [begin, end)
 };
 
-// Online-softmax attention of each warp over its chunks of [begin, end): every warp keeps its own
-// running max m, sum l and output acc (NPL values per lane: d = lane + j * FORGE_WARP), then
-// leaves them in wm[warp], wl[warp] and wacc[warp * LAYER_MAX_D + d]. qs: the scaled query.
-template <int NPL, bool F16>
-FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
-    constexpr int U = NPL >= 16 ? 2 : 4;  // positions loaded at once per warp
-    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
-    const int nwarps = blockDim.x / FORGE_WARP;
-    float q[NPL], acc[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int d = lane + j * FORGE_WARP;
-        q[j] = d < a.D ? qs[d] : 0.0f;
-        acc[j] = 0.0f;
+struct alignas(16) V4 {
+    u32 x, y, z, w;
+};
+
+FORGE_DEV u32 word(const V4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// Element i of a lane's slice, from its 16-byte words (8 halves or 4 floats each).
+template <bool F16>
+FORGE_DEV float elem(const V4* w, int i) {
+    if (F16) {
+        const u32 x = word(w[i / 8], (i % 8) / 2);
+        return h2f((u16)(i % 2 ? x >> 16 : x & 0xffffu));
     }
+    return bits_to_float(word(w[i / 4], i % 4));
+}
+
+// Online-softmax attention of each warp over its chunks of [begin, end). A warp holds
+// G = FORGE_WARP / LPP positions at once, LPP lanes each; lane e (= lane % LPP) of a group owns
+// elements 8 * LPP * v + 8 e .. + 7 (v < VPL) of the K and V rows, loaded as 16-byte words. Each
+// group keeps its running max m, sum l and output acc; the groups of a warp merge at the end,
+// which leaves (m, l, acc) in wm[warp], wl[warp], wacc[warp * LAYER_MAX_D + d].
+// qs: the scaled query. Needs D and Dv multiples of 8 and at most 8 * LPP * VPL.
+template <int LPP, int VPL, bool F16>
+FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
+    constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = F16 ? VPL : 2 * VPL;
+    constexpr int U = VPL == 2 ? 2 : 4;  // position steps loaded at once
+    constexpr int CH = G * U > 16 ? G * U : 16;  // positions a warp takes at once
+    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int nwarps = blockDim.x / FORGE_WARP, e = lane % LPP, grp = lane / LPP;
+    float q[E], acc[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+        const int d = (i / 8) * 8 * LPP + 8 * e + i % 8;
+        q[i] = d < a.D ? qs[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    bool kon[VPL], von[VPL];  // which of the lane's 8-element pieces exist
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        kon[v] = v * 8 * LPP + 8 * e < a.D;
+        von[v] = v * 8 * LPP + 8 * e < a.Dv;
+    }
+    const i64 kstride = (i64)a.Hkv * a.D, vstride = (i64)a.Hkv * a.Dv;
+    const int per_elem = F16 ? 8 : 4;  // elements per 16-byte word
     float m = ATT_NEG, l = 0.0f;
-    for (int c0 = a.begin + warp * ATT_CHUNK; c0 < a.end; c0 += nwarps * ATT_CHUNK) {
-        const int cn = a.end - c0 < ATT_CHUNK ? a.end - c0 : ATT_CHUNK;
-        int my = -1;  // cache slot of position c0 + lane; -1 for the row's own position
-        if (lane < cn && c0 + lane != a.self_pos) {
+    for (int c0 = a.begin + warp * CH; c0 < a.end; c0 += nwarps * CH) {
+        const int cn = a.end - c0 < CH ? a.end - c0 : CH;
+        int my = 0;  // cache slot of position c0 + lane (slot 0 stands in past the end)
+        if (lane < cn) {
             const int p = c0 + lane;
             my = a.table[p / a.block_size] * a.block_size + p % a.block_size;
         }
-        for (int t = 0; t < cn; t += U) {
-            float kk[U][NPL], vv[U][NPL], sc[U];
+        for (int t0 = 0; t0 < cn; t0 += G * U) {
+            V4 kr[U][NW], vr[U][NW];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int slot = shfl_idx(my, (t + u) % FORGE_WARP);
-                const bool valid = t + u < cn;  // the same on every lane
-                const i64 kb = ((i64)slot * a.Hkv + a.kvh) * a.D;
-                const i64 vb = ((i64)slot * a.Hkv + a.kvh) * a.Dv;
+                const i64 slot = shfl_idx(my, (t0 + u * G + grp) % FORGE_WARP);
+                const i64 kb = slot * kstride + (i64)a.kvh * a.D + 8 * e;
+                const i64 vb = slot * vstride + (i64)a.kvh * a.Dv + 8 * e;
 #pragma unroll
-                for (int j = 0; j < NPL; ++j) {
-                    const int d = lane + j * FORGE_WARP;
-                    float x = 0.0f, y = 0.0f;
-                    if (valid && slot >= 0) {
-                        if (d < a.D) x = kv_at<F16>(a.kc, kb + d);
-                        if (d < a.Dv) y = kv_at<F16>(a.vc, vb + d);
-                    } else if (valid) {
-                        if (d < a.D) x = a.ks[d];
-                        if (d < a.Dv) y = a.vs[d];
-                    }
-                    kk[u][j] = x;
-                    vv[u][j] = y;
+                for (int w = 0; w < NW; ++w) {
+                    const int v = w * per_elem / 8;  // which 8-element piece
+                    const int off = v * 8 * LPP + (w * per_elem) % 8;
+                    const V4 z = {0u, 0u, 0u, 0u};
+                    kr[u][w] = kon[v] ? *(const V4*)((F16 ? (const char*)a.kc + 2 * (kb + off)
+                                                          : (const char*)a.kc + 4 * (kb + off)))
+                                      : z;
+                    vr[u][w] = von[v] ? *(const V4*)((F16 ? (const char*)a.vc + 2 * (vb + off)
+                                                          : (const char*)a.vc + 4 * (vb + off)))
+                                      : z;
                 }
             }
-            float mx = m;
+            float sc[U], mx = m;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 float dot = 0.0f;
 #pragma unroll
-                for (int j = 0; j < NPL; ++j) dot += q[j] * kk[u][j];
-                dot = warp_sum(dot);
-                sc[u] = t + u < cn ? dot : ATT_NEG;
+                for (int i = 0; i < E; ++i) dot += q[i] * elem<F16>(kr[u], i);
+#pragma unroll
+                for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+                sc[u] = t0 + u * G + grp < cn ? dot : ATT_NEG;
                 mx = fmaxf(mx, sc[u]);
             }
             const float f = expf(m - mx);
             l *= f;
 #pragma unroll
-            for (int j = 0; j < NPL; ++j) acc[j] *= f;
+            for (int i = 0; i < E; ++i) acc[i] *= f;
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const float pu = t + u < cn ? expf(sc[u] - mx) : 0.0f;
+                const float pu = t0 + u * G + grp < cn ? expf(sc[u] - mx) : 0.0f;
                 l += pu;
 #pragma unroll
-                for (int j = 0; j < NPL; ++j) acc[j] += pu * vv[u][j];
+                for (int i = 0; i < E; ++i) acc[i] += pu * elem<F16>(vr[u], i);
             }
             m = mx;
         }
+    }
+#pragma unroll
+    for (int o = LPP; o < FORGE_WARP; o <<= 1) {  // merge the warp's groups
+        const float mo = shfl_xor(m, o), lo = shfl_xor(l, o);
+        const float mm = fmaxf(m, mo), fa = expf(m - mm), fb = expf(mo - mm);
+        l = l * fa + lo * fb;
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[i] = acc[i] * fa + shfl_xor(acc[i], o) * fb;
+        m = mm;
     }
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;
     }
+    if (grp == 0) {
 #pragma unroll
-    for (int j = 0; j < NPL; ++j) {
-        const int d = lane + j * FORGE_WARP;
-        if (d < a.Dv) wacc[warp * LAYER_MAX_D + d] = acc[j];
+        for (int i = 0; i < E; ++i) {
+            const int d = (i / 8) * 8 * LPP + 8 * e + i % 8;
+            if (d < a.Dv) wacc[warp * LAYER_MAX_D + d] = acc[i];
+        }
     }
 }
 
 template <bool F16>
 FORGE_DEV void attend_any(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
     const int widest = a.D > a.Dv ? a.D : a.Dv;
-    const int npl = (widest + FORGE_WARP - 1) / FORGE_WARP;
-    if (npl <= 2) attend<2, F16>(a, qs, wm, wl, wacc);
-    else if (npl <= 4) attend<4, F16>(a, qs, wm, wl, wacc);
-    else if (npl <= 8) attend<8, F16>(a, qs, wm, wl, wacc);
-    else attend<16, F16>(a, qs, wm, wl, wacc);
+    if (widest <= 64) attend<8, 1, F16>(a, qs, wm, wl, wacc);
+    else if (widest <= 128) attend<16, 1, F16>(a, qs, wm, wl, wacc);
+    else if (widest <= 256) attend<32, 1, F16>(a, qs, wm, wl, wacc);
+    else attend<(FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2), F16>(a, qs, wm, wl, wacc);
 }
 
-// Merge the warps' results of one block, then write the output (one split) or the block's
-// partial; the last block of the (row, head) to finish merges the partials. rh = r * H + h.
-FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, int Dv, int n_eff,
-                          int s, int n_grid, i64 rh, float* part_o, float* part_ml, u32* cnt,
-                          float* out, int* flag) {
-    __syncthreads();  // every warp's wm, wl, wacc
-    const int nwarps = blockDim.x / FORGE_WARP;
+// Merge the block's entries (its warps, plus the row's own position when given as one more),
+// then write the output (one split) or the block's partial; the last block of the (row, head) to
+// finish merges the partials. rh = r * H + h.
+FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, int n_ent, int Dv,
+                          int n_eff, int s, int n_grid, i64 rh, float* part_o, float* part_ml,
+                          u32* cnt, float* out, int* flag) {
+    __syncthreads();  // every entry's wm, wl, wacc
     float mx = ATT_NEG;
-    for (int w = 0; w < nwarps; ++w) mx = fmaxf(mx, wm[w]);
-    float fw[ATT_MAX_WARPS], total = 0.0f;
+    for (int w = 0; w < n_ent; ++w) mx = fmaxf(mx, wm[w]);
+    float fw[ATT_MAX_WARPS + 1], total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < ATT_MAX_WARPS; ++w) {
-        fw[w] = w < nwarps ? expf(wm[w] - mx) : 0.0f;
-        total += w < nwarps ? wl[w] * fw[w] : 0.0f;
+    for (int w = 0; w < ATT_MAX_WARPS + 1; ++w) {
+        fw[w] = w < n_ent ? expf(wm[w] - mx) : 0.0f;
+        total += w < n_ent ? wl[w] * fw[w] : 0.0f;
     }
     float* orow = out + rh * Dv;
     const i64 part = rh * n_grid + s;
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < ATT_MAX_WARPS; ++w) {
-            if (w < nwarps) o += wacc[w * LAYER_MAX_D + d] * fw[w];
+        for (int w = 0; w < ATT_MAX_WARPS + 1; ++w) {
+            if (w < n_ent) o += wacc[w * LAYER_MAX_D + d] * fw[w];
         }
         if (n_eff == 1) orow[d] = o / total;
         else part_o[part * Dv + d] = o;
@@ -277,14 +306,14 @@ FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, i
 // Causal attention of each row's query (already normed and rotated) over its sequence's cached
 // positions 0..pos[r] (the last `window` of them when window > 0). q [R, H, D] -> out [R, H, Dv].
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. part_o [R * H * max splits, Dv],
-// part_ml [R * H * max splits, 2], cnt [R * H] (zero).
+// part_ml [R * H * max splits, 2], cnt [R * H] (zero). D and Dv: multiples of 8, at most 512.
 FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, const void* kc,
     const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* part_o, float* part_ml, u32* cnt, float* out, int Hkv,
     int D, int Dv, int block_size, float scale, int window, int kv_f16) {
     __shared__ float qs[LAYER_MAX_D];
-    __shared__ float wm[ATT_MAX_WARPS], wl[ATT_MAX_WARPS];
-    __shared__ float wacc[ATT_MAX_WARPS * LAYER_MAX_D];
+    __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
+    __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
     __shared__ int flag;
     const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
     const AttSplit sp = att_split(pos[r] + 1, window, s, gridDim.z);
@@ -295,8 +324,6 @@ FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, 
     a.kc = kc;
     a.vc = vc;
     a.table = bt + btoff[r];
-    a.ks = a.vs = 0;
-    a.self_pos = -1;
     a.block_size = block_size;
     a.Hkv = Hkv;
     a.kvh = h / (H / Hkv);
@@ -306,69 +333,73 @@ FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, 
     a.end = sp.end;
     if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
     else attend_any<false>(a, qs, wm, wl, wacc);
-    att_finish(wm, wl, wacc, Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, part_o, part_ml, cnt, out,
-               &flag);
+    att_finish(wm, wl, wacc, blockDim.x / FORGE_WARP, Dv, sp.n_eff, s, gridDim.z,
+               (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
 }
 
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
 // as the QKV product left them (not normed, not rotated). Every block norms and rotates its query
-// head; the blocks whose split holds the row's own position do the same for the K head, and the
-// first query head of each KV group stores K and V into the cache (nothing else in this launch
-// reads that slot). grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps.
+// head; the blocks whose split holds the row's own position do the same for the K head, add that
+// position to their merge from registers (not from the cache), and for the first query head of
+// each KV group store K and V into the cache (nothing else in this launch reads that slot).
+// grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
 FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q,
     const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qnw,
     const float* __restrict__ knw, const i32* __restrict__ pos, const i32* __restrict__ slots,
     const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
     float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
     float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
-    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D], vs[LAYER_MAX_D];
+    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D];
     __shared__ float scratch[32];
-    __shared__ float wm[ATT_MAX_WARPS], wl[ATT_MAX_WARPS];
-    __shared__ float wacc[ATT_MAX_WARPS * LAYER_MAX_D];
+    __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
+    __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
     __shared__ int flag;
     const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
     const int n_kv = pos[r] + 1, group = H / Hkv, kvh = h / group;
+    const int nwarps = blockDim.x / FORGE_WARP;
     const AttSplit sp = att_split(n_kv, window, s, gridDim.z);
     if (s >= sp.n_eff) return;
     const float p = (float)pos[r] * freq_scale;
     norm_rope(q + ((i64)r * H + h) * D, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale);
     const bool has_self = sp.begin < sp.end && sp.end == n_kv;  // uniform over the block
-    if (has_self) {
+    if (has_self) {  // the row's own K/V: one more entry of the merge, index nwarps
         norm_rope(k + ((i64)r * Hkv + kvh) * D, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps,
                   1.0f);
         const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
         const i64 slot = slots[r];
         const bool store = h % group == 0;
+        float dot = 0.0f;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {  // the cache's rounding, as read back
             const float x = kv_f16 ? h2f(f2h(ks[d])) : ks[d];
-            ks[d] = x;
+            dot += qs[d] * x;
             if (store && kv_f16) ((u16*)kc)[(slot * Hkv + kvh) * D + d] = f2h(x);
             else if (store) ((float*)kc)[(slot * Hkv + kvh) * D + d] = x;
         }
         for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
             const float y = kv_f16 ? h2f(f2h(vsrc[d])) : vsrc[d];
-            vs[d] = y;
+            wacc[nwarps * LAYER_MAX_D + d] = y;
             if (store && kv_f16) ((u16*)vc)[(slot * Hkv + kvh) * Dv + d] = f2h(y);
             else if (store) ((float*)vc)[(slot * Hkv + kvh) * Dv + d] = y;
         }
-        __syncthreads();
+        dot = block_sum(dot, scratch);
+        if (threadIdx.x == 0) {
+            wm[nwarps] = dot;
+            wl[nwarps] = 1.0f;
+        }
     }
     AttArgs a;
     a.kc = kc;
     a.vc = vc;
     a.table = bt + btoff[r];
-    a.ks = ks;
-    a.vs = vs;
-    a.self_pos = has_self ? n_kv - 1 : -1;
     a.block_size = block_size;
     a.Hkv = Hkv;
     a.kvh = kvh;
     a.D = D;
     a.Dv = Dv;
     a.begin = sp.begin;
-    a.end = sp.end;
+    a.end = has_self ? n_kv - 1 : sp.end;  // cached positions only
     if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
     else attend_any<false>(a, qs, wm, wl, wacc);
-    att_finish(wm, wl, wacc, Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, part_o, part_ml, cnt, out,
-               &flag);
+    att_finish(wm, wl, wacc, nwarps + (has_self ? 1 : 0), Dv, sp.n_eff, s, gridDim.z,
+               (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
 }

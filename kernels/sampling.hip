@@ -26,6 +26,7 @@
 #define SMP_CAP 2048  // = 2 * SMP_THREADS: each thread owns two candidates in the scans
 #define SMP_NEG (-3.402823466e38f)
 #define SMP_NONE 0x7fffffff
+#define SMP_BATCH 8  // loads in flight per thread in a pass over the row
 
 #define F_TEMP 0  // float
 #define F_TOPK 1  // int, 0 = off
@@ -172,19 +173,52 @@ FORGE_DEV int smp_bin(float mx, float v) {  // non-increasing in v
 
 FORGE_DEV bool alive(float v) { return v >= SMP_NEG; }  // not -inf
 
+// f(v, i) for every logit v = x[i] of the row, thread tid taking i = tid, tid + blockDim.x, ...
+// (in that order), SMP_BATCH loads in flight at once: one block reads a whole row, so memory
+// parallelism, not arithmetic, sets the speed of each pass.
+template <class F>
+FORGE_DEV void for_row(const float* x, int n, F f) {
+    for (int i0 = threadIdx.x; i0 < n; i0 += SMP_BATCH * blockDim.x) {
+        float v[SMP_BATCH];
+#pragma unroll
+        for (int j = 0; j < SMP_BATCH; ++j) {
+            const int i = i0 + j * blockDim.x;
+            v[j] = i < n ? x[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < SMP_BATCH; ++j) {
+            const int i = i0 + j * blockDim.x;
+            if (i < n) f(v[j], i);
+        }
+    }
+}
+
+// The same over ids [i0, i1) of one thread, in order.
+template <class F>
+FORGE_DEV void for_span(const float* x, int i0, int i1, F f) {
+    for (int b = i0; b < i1; b += SMP_BATCH) {
+        float v[SMP_BATCH];
+#pragma unroll
+        for (int j = 0; j < SMP_BATCH; ++j) v[j] = b + j < i1 ? x[b + j] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < SMP_BATCH; ++j) {
+            if (b + j < i1) f(v[j], b + j);
+        }
+    }
+}
+
 // Tokens of the row with logit >= t (count) or their exp(logit - mx) (mass), over the block.
 FORGE_DEV int count_ge(const float* x, int n, float t, int* is) {
     int c = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) c += x[i] >= t && alive(x[i]);
+    for_row(x, n, [&](float v, int) { c += v >= t && alive(v); });
     return block_sum_i(c, is);
 }
 
 FORGE_DEV double mass_ge(const float* x, int n, float t, float mx, double* ds) {
     double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = x[i];
+    for_row(x, n, [&](float v, int) {
         if (v >= t && alive(v)) s += (double)expf(v - mx);
-    }
+    });
     return block_sum_d(s, ds);
 }
 
@@ -237,11 +271,10 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
     // 1. the max (lowest id among equals); NaN or +inf anywhere is an error
     float mv = SMP_NEG;
     int mi = SMP_NONE, bad = 0;
-    for (int i = tid; i < n; i += bd) {
-        const float v = x[i];
+    for_row(x, n, [&](float v, int i) {
         bad |= (v != v) || v > 3.402823466e38f;
         better(mv, mi, v, i);
-    }
+    });
     bad = block_sum_i(bad, is);
     block_best(mv, mi, fs, is);
     const float mx = mv;
@@ -270,15 +303,14 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
         __syncthreads();
         int n_alive = 0, tail = 0;
         double mass = 0.0;
-        for (int i = tid; i < n; i += bd) {
-            const float v = x[i];
-            if (!alive(v)) continue;
+        for_row(x, n, [&](float v, int) {
+            if (!alive(v)) return;
             ++n_alive;
             if (use_p) mass += (double)expf(v - mx);
             const int b = smp_bin(mx, v);
             if (b == SMP_BINS - 1) ++tail;
             else atomicAdd(hist + b, 1);
-        }
+        });
         n_alive = block_sum_i(n_alive, is);
         tail = block_sum_i(tail, is);
         if (use_p) total = block_sum_d(mass, ds);
@@ -334,8 +366,7 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
         // 3. the small path: gather, rank (logit descending, id ascending), cut exactly
         if (tid == 0) sh[0] = 0;
         __syncthreads();
-        for (int i = tid; i < n; i += bd) {
-            const float v = x[i];
+        for_row(x, n, [&](float v, int i) {
             if (alive(v) && smp_bin(mx, v) <= bc) {
                 const int c = atomicAdd(sh, 1);
                 if (c < SMP_CAP) {
@@ -343,7 +374,7 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
                     ci[c] = i;
                 }
             }
-        }
+        });
         __syncthreads();
         nc = sh[0] < SMP_CAP ? sh[0] : SMP_CAP;
         for (int c = tid; c < nc; c += bd) {
@@ -447,10 +478,9 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
         const int i0 = tid * cs < n ? tid * cs : n, i1 = i0 + cs < n ? i0 + cs : n;
         const float top = mx / temp;
         double s = 0.0;
-        for (int i = i0; i < i1; ++i) {
-            const float v = x[i];
+        for_span(x, i0, i1, [&](float v, int) {
             if (v >= thr && alive(v)) s += (double)expf(v / temp - top);
-        }
+        });
         double sum;
         const double ex = block_scan_d(s, ds, &sum);
         const double target = u * sum;
@@ -466,14 +496,14 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
         if (tid == (past ? sh[1] : sh[0])) {
             double cum = ex;
             int pick = -1;
-            for (int i = i0; i < i1; ++i) {
-                const float v = x[i];
-                if (!(v >= thr && alive(v))) continue;
+            bool done = false;
+            for_span(x, i0, i1, [&](float v, int i) {
+                if (done || !(v >= thr && alive(v))) return;
                 const float w = expf(v / temp - top);
                 if (w > 0.0f) pick = i;
                 cum += (double)w;
-                if (!past && cum > target && w > 0.0f) break;
-            }
+                done = !past && cum > target && w > 0.0f;
+            });
             sh[2] = pick;
         }
         __syncthreads();

@@ -168,7 +168,7 @@ def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, posi
     # both paths store the same K/V and agree to float rounding
     np.testing.assert_array_equal(kc_f, kc_u)
     np.testing.assert_array_equal(vc_f, vc_u)
-    assert rel_err(fused, unfused) < 1e-6
+    assert rel_err(fused, unfused) < 1e-5  # the own position's score: another summation order
     # the store touched only the rows' own slots
     other = np.setdiff1d(np.arange(len(c.kc)), c.slots)
     np.testing.assert_array_equal(kc_f[other], c.kc[other])

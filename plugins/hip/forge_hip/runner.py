@@ -30,7 +30,7 @@ from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows, worksp
 Pick = DeviceSampling | None
 
 DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gives none
-MAX_HEAD_DIM = 512  # layer.hip's LAYER_MAX_D
+MAX_HEAD_DIM = 512  # attention.hip's LAYER_MAX_D
 SPLIT_LEN = 128  # attention.hip's ATT_SPLIT_MIN: positions per split at least
 # sampling.hip's parameter fields, one int32 word per row each (doubles and the key: two words)
 SAMPLE_FIELDS = ("s_temp", "s_topk", "s_topp0", "s_topp1", "s_lminp0", "s_lminp1", "s_key0",
@@ -89,6 +89,8 @@ def memory_needed(spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]
 def check_spec(spec: ModelSpec) -> None:
     if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
         raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
+    if spec.head_dim % 8 or spec.head_dim_v % 8:  # attention.hip reads K/V rows in 16-byte words
+        raise UnsupportedModelError("hip needs head dims that are multiples of 8")
     if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
         raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
 
