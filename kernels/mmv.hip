@@ -5,10 +5,12 @@
 // peak for the K-quants (mode 2), f16/bf16 for F16/BF16 weights, none for F32. Quantized weights
 // meet int8 activations in integer dot products (mmv.h's units); F32/F16/BF16 in float.
 //
-// mvq_multi_r<RM>(descs, first, count, R, G, xg, flags): descriptors first .. first+count-1, which
-//   share x and K, for R <= RM token rows.
-// mvq_glu_r<RM>(descs, first, R, G, xg, flags, act): y_gate = act(x W_gate^T) * (x W_up^T) of
-//   descriptors first (gate) and first + 1 (up); act 0: SiLU, 1: GELU-tanh.
+// mvq_multi_r<RM>(descs, first, count, R, G, x, K, need, items, xg, flags): descriptors first ..
+//   first+count-1, which share x [R, K] (R <= RM token rows). need: the copies of x their types
+//   read (forge_hip.plan.mvq_need; bit 0: Q4_0..Q8_0, blocks of 32; bit 1: K-quants, blocks of
+//   256); items: their row groups (below).
+// mvq_glu_r<RM>(descs, first, R, G, x, K, need, items, xg, flags, act): y_gate = act(x W_gate^T)
+//   * (x W_up^T) of descriptors first (gate) and first + 1 (up); act 0: SiLU, 1: GELU-tanh.
 // Entry points (MVQ_KERNELS): mvq_multi_r1(), mvq_multi_r2(), mvq_multi_r4(), mvq_multi_r8(),
 //   mvq_multi_gen() (R <= 8, also Q2_K/Q3_K), mvq_glu_r1(), mvq_glu_r2(), mvq_glu_r4(),
 //   mvq_glu_r8(), mvq_glu_gen().
@@ -19,8 +21,8 @@
 // x: every block first quantizes the R rows of x into shared memory (mode 1 copy, then mode 2 copy
 //   when both are needed; each R*K int8 + R*K/32 {scale, sum}), unless xg is given: then mvq_quant
 //   already wrote that same layout there (when it does not fit MVQ_SMEM<RM>).
-// flags: bit 0 prefetches the block's first item into L2 while x is quantized, bit 1 the next
-//   item while one is computed (NVIDIA only; no-ops elsewhere).
+// flags: bit 0 prefetches the block's first items into L2 while x is quantized; bits 1-2 give
+//   how many items ahead of the one computed are prefetched (NVIDIA only; no-ops elsewhere).
 #include "mmv.h"
 
 #define DESC_LEN 8
@@ -55,9 +57,6 @@ FORGE_DEV MvMat mv_mat(const i64* d) {
     m.row_bytes = d[7];
     return m;
 }
-
-// Bit of the quantized copy of x a weight type reads: 1 (blocks of 32), 2 (blocks of 256), 0 none.
-FORGE_DEV int mvq_need(int t) { return t <= MT_BF16 ? 0 : t <= MT_Q8_0 ? 1 : 2; }
 
 // Quantize 8 values (dst 8-aligned) as rint(v * inv), clamped to 127 when `clamp`; returns their
 // sum.
@@ -267,38 +266,36 @@ FORGE_DEV float mvq_act(float a, int act) {
                     : a / (1.0f + expf(-a));
 }
 
-// count matrices (glu: 2, gate and up, over the gate's rows; act >= 0).
+// count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
+// block needs before any descriptor is read: x [R, K], need, items.
 template <int RM, bool GEN>
-FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const u8* xg,
-                        int flags, int act) {
+FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
+                        int K, int need, int items, const u8* xg, int flags, int act) {
     __shared__ V4 xs[MvqSmem<RM>::bytes / 16];
     const bool glu = act >= 0;
-    const int nmat = glu ? 1 : count, RB = blockDim.x / G;
-    int total = 0, need = 0;
-    for (int c = 0; c < count; ++c) {
-        const i64* d = descs + (i64)(first + c) * DESC_LEN;
-        if (c < nmat) total += ((int)d[6] + RB - 1) / RB;
-        need |= mvq_need((int)d[4]);
+    const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
+    if ((int)blockIdx.x >= items) return;
+    if (flags & 1) {  // the first max(ahead, 1) items of this block
+        for (int a = 0; a < max(ahead, 1); ++a) {
+            mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x + a * gridDim.x);
+        }
     }
-    if ((int)blockIdx.x >= total) return;
-    if (flags & 1) mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x);
-    const MvMat m0 = mv_mat(descs + (i64)first * DESC_LEN);
-    const int K = m0.K, rs = R * K + R * K / 4;
+    const int rs = R * K + R * K / 4;
     u8* base = xg ? (u8*)xg : (u8*)xs;
     const int off2 = (need & 1) ? rs : 0;
     XQ x1, x2;
     x1.q = (const i8*)base, x1.ds = (const F2*)(base + R * K), x1.K = K;
     x2.q = (const i8*)(base + off2), x2.ds = (const F2*)(base + off2 + R * K), x2.K = K;
     if (!xg && need) {
-        mvq_quantize(m0.x, K, R, need, base, 0, off2, 0, blockDim.x >> 5);
+        mvq_quantize(x, K, R, need, base, 0, off2, 0, blockDim.x >> 5);
         __syncthreads();
     }
     const int lane = threadIdx.x % G, grp = threadIdx.x / G;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
         MvMat m;
         int j;
         mvq_item(descs, first, nmat, RB, w, &m, &j);
-        if (flags & 2) mvq_prefetch_item(descs, first, nmat, glu, RB, w + gridDim.x);
+        if (ahead) mvq_prefetch_item(descs, first, nmat, glu, RB, w + ahead * gridDim.x);
         const int n = j * RB + grp;
         float acc[RM], acc2[RM];
 #pragma unroll
@@ -336,13 +333,15 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
 #define MVQ_KERNELS(SUFFIX, RM, GEN, MINB)                                              \
     FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
         mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
-                           int G, const u8* xg, int flags) {                            \
-        mvq_body<RM, GEN>(descs, first, count, R, G, xg, flags, -1);                    \
+                           int G, const float* x, int K, int need, int items,           \
+                           const u8* xg, int flags) {                                   \
+        mvq_body<RM, GEN>(descs, first, count, R, G, x, K, need, items, xg, flags, -1); \
     }                                                                                   \
     FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
         mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
-                         const u8* xg, int flags, int act) {                            \
-        mvq_body<RM, GEN>(descs, first, 2, R, G, xg, flags, act);                       \
+                         const float* x, int K, int need, int items, const u8* xg,      \
+                         int flags, int act) {                                          \
+        mvq_body<RM, GEN>(descs, first, 2, R, G, x, K, need, items, xg, flags, act);    \
     }
 MVQ_KERNELS(r1, 1, false, 4)
 MVQ_KERNELS(r2, 2, false, 4)

@@ -10,7 +10,14 @@ import gguf
 import numpy as np
 import pytest
 from forge_hip.library import ROUND_MODE, TYPE_IDS, TYPE_SUFFIX
-from forge_hip.plan import MVQ_THREADS, mvq_lanes, mvq_need, mvq_variant, mvq_xbytes
+from forge_hip.plan import (
+    MVQ_THREADS,
+    mvq_global_x,
+    mvq_lanes,
+    mvq_need,
+    mvq_variant,
+    mvq_xbytes,
+)
 from gguf import GGMLQuantizationType, quants
 
 from tests.gpu.helpers import rel_err
@@ -150,11 +157,9 @@ class MvqCase:
         return self.dev.get(self.y[j], (self.R, self.W[j].shape[0]))
 
 
-def launch_mvq(rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=False, flags=1):
+def launch_mvq(rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3):
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
-    quantized by mvq_quant first when `xg` or when it does not fit the block's shared memory."""
-    from forge_hip.plan import MVQ_SMEM
-
+    quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x)."""
     types, R, K = case.types, case.R, case.K
     suffix, rm = mvq_variant(types, R)
     need = mvq_need(types)
@@ -163,18 +168,19 @@ def launch_mvq(rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=
     ns = [w.shape[0] for w in case.W]
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
-    if need and (xg or mvq_xbytes(need, R, K) > MVQ_SMEM[rm]):
+    if need and (xg or (xg is None and mvq_global_x(need, R, K, rm))):
         xq = dev.poisoned(mvq_xbytes(need, R, K))
         tasks = R * -(-K // 256)
         rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
                   [case.xbuf, xq, K, R, need])  # fmt: skip
     grid = min(grid or items, items)
+    tail = [case.xbuf, K, need, items, xq, flags]
     if act is None:
         rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
-                  [case.descs, 0, len(types), R, g, xq, flags])  # fmt: skip
+                  [case.descs, 0, len(types), R, g, *tail])  # fmt: skip
     else:
         rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
-                  [case.descs, 0, R, g, xq, flags, act])  # fmt: skip
+                  [case.descs, 0, R, g, *tail, act])  # fmt: skip
 
 
 @pytest.mark.parametrize("R", [1, 3, 8])
@@ -206,15 +212,19 @@ def test_mvq_mixed_matrices_one_launch(rt, lib, dev, types, R):
         assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
 
 
-@pytest.mark.parametrize("flags", [0, 3])
-@pytest.mark.parametrize("types,K,R", [(("Q4_K", "Q8_0"), 4096, 8), (("Q6_K",), 4096, 8),
-                                       (("Q5_0", "Q4_K"), 512, 3)])  # fmt: skip
-def test_mvq_quantized_x_in_global_memory(rt, lib, dev, types, K, R, flags):
-    """x quantized once by mvq_quant (what the plan does when it does not fit shared memory; the
-    second case just fits it), and the prefetch flags on/off."""
+@pytest.mark.parametrize("flags", [0, 1, 7])
+@pytest.mark.parametrize(
+    "types,K,R,xg",
+    [(("Q4_K", "Q8_0"), 4096, 8, True), (("Q6_K",), 4096, 8, False), (("Q6_K",), 14336, 1, None),
+     (("Q5_0", "Q4_K"), 512, 3, True)],
+)  # fmt: skip
+def test_mvq_quantized_x_in_global_memory(rt, lib, dev, types, K, R, xg, flags):
+    """x quantized once by mvq_quant (what the plan does when it does not fit shared memory or
+    is long: the third case), or by every block at the limit of its shared memory (the second),
+    and the prefetch flags on/off."""
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, types, R, K, [45, 21][: len(types)], bias=False)
-    launch_mvq(rt, lib, dev, case, xg=len(types) == 2, flags=flags)
+    launch_mvq(rt, lib, dev, case, xg=xg, flags=flags)
     for j in range(len(types)):
         assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
 

@@ -41,6 +41,8 @@ NORM_THREADS = 256
 MVQ_THREADS = 256  # block size of the mvq_* kernels
 MVQ_SMEM = {1: 20480, 2: 40960, 4: 40960, 8: 40960}  # mmv.hip's MvqSmem: bytes of quantized x
 MVQ_GEN = {"Q2_K", "Q3_K"}  # types only the mvq_*_gen kernels decode
+MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
+MVQ_AHEAD_BYTES = 16384  # weight bytes a block asks L2 for ahead of what it computes
 # Elements per unit (one lane's step, see mmv.h) of each weight type.
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
             "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
@@ -62,6 +64,21 @@ def mvq_need(types: list[str]) -> int:
 def mvq_xbytes(need: int, rows: int, k: int) -> int:
     """Bytes of the quantized copies of x: int8 values plus an 8-byte {scale, sum} per 32."""
     return bin(need).count("1") * (rows * k + rows * k // 4)
+
+
+def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
+    """Whether x is quantized once into global memory (mvq_quant, one launch more) instead of by
+    every block into its shared memory: when it does not fit there, or when it would take each
+    block's warps more than a few rounds of 256 elements (long rows: every block waits for them)."""
+    tasks = rows * -(-k // 256)
+    return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
+
+
+def mvq_flags(item_bytes: int) -> int:
+    """mmv.hip's flags: L2 prefetch of a block's first items, then enough items ahead of the one
+    it computes to keep about MVQ_AHEAD_BYTES in flight (1 to 3 items)."""
+    ahead = min(3, max(1, -(-MVQ_AHEAD_BYTES // item_bytes)))
+    return 1 | (ahead << 1)
 
 
 def mvq_lanes(types: list[str], k: int) -> int:
@@ -92,7 +109,7 @@ class Plan:
         self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
-        self.mvq_flags = 1  # mmv.hip's flags (bit 0: L2 prefetch of a block's first rows)
+        self.mvq_flags: int | None = None  # mmv.hip's prefetch flags; None: mvq_flags()
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -185,18 +202,21 @@ class Plan:
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
+        item_bytes = rb * (sum(p.row_bytes for p in mats) if act is not None else mats[0].row_bytes)
+        flags = self.mvq_flags if self.mvq_flags is not None else mvq_flags(item_bytes)
         xg = 0
-        if need and mvq_xbytes(need, rows, k) > MVQ_SMEM[rm]:  # x quantized once, in global
+        if mvq_global_x(need, rows, k, rm):
             xg = ws.xq
             tasks = rows * -(-k // 256)
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
                         [x, xg, k, rows, need])  # fmt: skip
+        tail = [x, k, need, items, xg, flags]
         if act is None:
             self.launch(self.lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
-                        [ws.descs, first, count, rows, g, xg, self.mvq_flags])  # fmt: skip
+                        [ws.descs, first, count, rows, g, *tail])  # fmt: skip
         else:
             self.launch(self.lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
-                        [ws.descs, first, rows, g, xg, self.mvq_flags, act])  # fmt: skip
+                        [ws.descs, first, rows, g, *tail, act])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
         """Prefill products (many rows) of descriptors first .. first + count - 1: on tensor cores

@@ -1,0 +1,244 @@
+"""Decode-product kernel sweep: mmv.hip's mvq_* kernels against linear.hip's mv_multi / mv_glu on
+the matrix shapes of the two benchmark twins (llama-3-8b and gemma3-270m, Q4_K_M), one decode
+step's products each, as CUDA-graph replays of many launches over copies of the weights (more
+bytes than L2 holds, as a real step reads). Prints microseconds per launch and weight GB/s.
+
+  python benchmarks/mvq_sweep.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
+
+from forge_hip.library import TYPE_IDS, KernelLibrary  # noqa: E402
+from forge_hip.plan import (  # noqa: E402
+    MVQ_SMEM,
+    MVQ_THREADS,
+    mvq_flags,
+    mvq_global_x,
+    mvq_lanes,
+    mvq_need,
+    mvq_variant,
+    mvq_xbytes,
+)
+from forge_hip.runtime import open_runtime  # noqa: E402
+from forge_hip.sources import load_source  # noqa: E402
+
+from tests.quant_blocks import random_raw  # noqa: E402
+
+# (name, types, K, rows per matrix, glu, layers of the model using it)
+SHAPES = [
+    ("l8b.qkv", ["Q4_K", "Q4_K", "Q6_K"], 4096, [4096, 1024, 1024], False, 32),
+    ("l8b.wo", ["Q4_K"], 4096, [4096], False, 32),
+    ("l8b.gate_up", ["Q4_K", "Q4_K"], 4096, [14336, 14336], True, 32),
+    ("l8b.down", ["Q6_K"], 14336, [4096], False, 32),
+    ("l8b.head", ["Q6_K"], 4096, [128256], False, 1),
+    ("g3.qkv", ["Q5_0", "Q5_0", "Q8_0"], 640, [1024, 256, 256], False, 18),
+    ("g3.wo", ["Q4_K"], 1024, [640], False, 18),
+    ("g3.gate_up", ["Q5_0", "Q5_0"], 640, [2048, 2048], True, 18),
+    ("g3.down", ["Q6_K"], 2048, [640], False, 18),
+    ("g3.head", ["Q8_0"], 640, [262144], False, 1),
+]
+ROW_BYTES = {"Q4_K": 144 / 256, "Q6_K": 210 / 256, "Q5_0": 22 / 32, "Q8_0": 34 / 32}
+
+
+class Bench:
+    def __init__(self, quick: bool):
+        self.rt = open_runtime()
+        self.lib = KernelLibrary(self.rt)
+        self.stream = self.rt.stream()
+        self.sms = self.rt.props.compute_units
+        self.quick = quick
+        self.rng = np.random.default_rng(0)
+        self.bufs = []
+        self.variants = {}
+
+    def put(self, arr):
+        buf = self.rt.alloc(arr.nbytes)
+        self.rt.copy_to_device(buf, np.ascontiguousarray(arr))
+        self.bufs.append(buf)
+        return buf
+
+    def variant(self, defines: str) -> dict:
+        """mmv.hip's r1 kernels compiled with `defines` first: name -> kernel."""
+        if defines not in self.variants:
+            src = load_source("mmv.hip")
+            src = defines + "\n" + re.sub(r"MVQ_KERNELS\((r2|r4|r8|gen),[^\n]*\n", "", src)
+            mod = self.rt.load(self.rt.compile(src, "mmv_variant.hip"))
+            self.variants[defines] = {
+                k: self.rt.function(mod, k, sig)
+                for k, sig in (("mvq_multi_r1", "piiiipiiipi"), ("mvq_glu_r1", "piiipiiipii"))
+            }
+        return self.variants[defines]
+
+    def shape(self, name, types, K, ns, glu, R):
+        """Descriptor table of enough weight copies to exceed L2, x and y buffers."""
+        nbytes = sum(int(n * K * ROW_BYTES[t]) for t, n in zip(types, ns))
+        copies = max(2, -(-256_000_000 // nbytes))
+        raws = []
+        for t, n in zip(types, ns):
+            raw = random_raw(self.rng, t, n, K)
+            raws.append(raw)
+        x = self.put(self.rng.standard_normal((R, K)).astype(np.float32))
+        ys = [self.rt.alloc(4 * R * n) for n in ns]
+        self.bufs += ys
+        table = []
+        for _ in range(copies):
+            for t, n, raw in zip(types, ns, raws):
+                w = self.put(raw)
+                table.append([w.ptr, x.ptr, ys[len(table) % len(ns)].ptr, 0, TYPE_IDS[t], K, n,
+                              raw.shape[1]])  # fmt: skip
+        return self.put(np.asarray(table, np.int64)), copies, nbytes, x
+
+    def time_graph(self, enqueue, copies: int, launches: int = 40) -> float:
+        """Microseconds per product, from replays of a graph of `launches` products."""
+        rt, s = self.rt, self.stream
+        rt.begin_capture(s)
+        try:
+            for i in range(launches):
+                enqueue(i % copies)
+        finally:
+            graph = rt.end_capture(s)
+        rt.replay(graph, s)
+        rt.synchronize(s)
+        best = float("inf")
+        for _ in range(3 if self.quick else 5):
+            a, b = rt.event(), rt.event()
+            rt.record(a, s)
+            rt.replay(graph, s)
+            rt.record(b, s)
+            rt.synchronize(s)
+            best = min(best, rt.elapsed_ms(a, b) * 1e3 / launches)
+        return best
+
+    def run_shape(self, name, types, K, ns, glu, R, configs):
+        descs, copies, nbytes, x = self.shape(name, types, K, ns, glu, R)
+        count = len(types)
+        out = []
+        lib, rt, s = self.lib, self.rt, self.stream
+        for cfg in configs:
+            kind = cfg["kind"]
+            if kind == "old":
+                kernel = lib.get("mv_glu" if glu else "mv_multi")
+                grid = (-(-max(ns) // 4), R, 1 if glu else count)
+                args = (lambda c: [descs, c * count, 0]) if glu else (lambda c: [descs, c * count])
+
+                def enq(c, kernel=kernel, grid=grid, args=args):
+                    rt.launch(kernel, grid, (128,), args(c), stream=s)
+            else:
+                suffix, rm = mvq_variant(types, R)
+                g = cfg.get("G") or mvq_lanes(types, K)
+                nt = cfg.get("threads", MVQ_THREADS)
+                rb = nt // g
+                items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))
+                most = cfg.get("bps", 4) * self.sms
+                grid = -(-items // -(-items // most))
+                rbytes = [int(K * ROW_BYTES[t]) for t in types]
+                flags = cfg.get("flags") or mvq_flags(rb * (sum(rbytes) if glu else rbytes[0]))
+                need = mvq_need(types)
+                xg = 0
+                quant = None
+                use_xg = cfg.get("xg", int(mvq_global_x(need, R, K, rm)))
+                if need and (use_xg or mvq_xbytes(need, R, K) > MVQ_SMEM[rm]):
+                    xg = self.rt.alloc(mvq_xbytes(need, R, K))
+                    self.bufs.append(xg)
+                    tasks = R * -(-K // 256)
+                    quant = (lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+                             [x, xg, K, R, need])  # fmt: skip
+                if "src" in cfg:
+                    kern = self.variant(cfg["src"])
+                    kernel = kern["mvq_glu_r1" if glu else "mvq_multi_r1"]
+                else:
+                    kernel = lib.get(f"mvq_{'glu' if glu else 'multi'}_{suffix}")
+
+                tail = [x, K, need, items, xg, flags]
+
+                def enq(c, kernel=kernel, grid=grid, g=g, nt=nt, tail=tail, quant=quant):
+                    if quant:
+                        rt.launch(*quant, stream=s)
+                    if glu:
+                        a = [descs, c * count, R, g, *tail, 0]
+                    else:
+                        a = [descs, c * count, count, R, g, *tail]
+                    rt.launch(kernel, (grid,), (nt,), a, stream=s)
+
+            try:
+                us = self.time_graph(enq, copies)
+            except Exception as exc:  # one configuration failing does not end the sweep
+                print(f"{name:12s} R={R} {cfg_label(cfg)}: {exc}", flush=True)
+                continue
+            out.append({"shape": name, "R": R, "cfg": cfg_label(cfg), "us": round(us, 2),
+                        "GBs": round(nbytes / us / 1e3, 1)})  # fmt: skip
+            label = cfg_label(cfg)
+            print(f"{name:12s} R={R} {label:38s} {us:9.2f} us {nbytes / us / 1e3:8.1f} GB/s",
+                  flush=True)  # fmt: skip
+        return out
+
+
+def step_times(results) -> None:
+    """One decode step's products per model (R = 1): layers x per-shape time."""
+    for model in ("l8b", "g3"):
+        for cfg in ("kind=old", "kind=new"):
+            tot = sum(
+                layers * next(r["us"] for r in results
+                              if r["shape"] == name and r["cfg"] == cfg and r["R"] == 1)
+                for name, *_, layers in SHAPES if name.startswith(model)
+            )  # fmt: skip
+            print(f"{model} {cfg}: products of one decode step {tot / 1e3:.3f} ms", flush=True)
+
+
+def cfg_label(cfg) -> str:
+    return ",".join(f"{k}={v}".replace("\n", ";") for k, v in cfg.items()) or "default"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    b = Bench(args.quick)
+    t0 = time.time()
+    b.lib.get("mvq_multi_r1")  # compile
+    b.lib.get("mv_multi")
+    print(f"compiled in {time.time() - t0:.1f} s; {b.rt.props.name} {b.sms} SMs", flush=True)
+    base = [{"kind": "old"}, {"kind": "new"}]
+    sweep = [
+        {"kind": "new", "G": 16}, {"kind": "new", "G": 32},
+        {"kind": "new", "bps": 2}, {"kind": "new", "bps": 8},
+        {"kind": "new", "flags": 1}, {"kind": "new", "flags": 3}, {"kind": "new", "flags": 5},
+        {"kind": "new", "flags": 7},
+        {"kind": "new", "threads": 128},
+        {"kind": "new", "xg": 1}, {"kind": "new", "xg": 0},
+        {"kind": "new", "src": "#define MVQ_MIN_BLOCKS 3"},
+        {"kind": "new", "src": "#define MVQ_MIN_BLOCKS 2"},
+        {"kind": "new", "src": "#define MVQ_STEP 4\n#define MVQ_MIN_BLOCKS 3"},
+        {"kind": "new", "src": "#define MVQ_STEP 4\n#define MVQ_MIN_BLOCKS 2"},
+        {"kind": "new", "src": "#define MVQ_STEP 1"},
+    ]  # fmt: skip
+    results = []
+    for name, types, K, ns, glu, _ in SHAPES:  # the main comparison first
+        results += b.run_shape(name, types, K, ns, glu, 1, base)
+    for name, types, K, ns, glu, _ in SHAPES[:4]:
+        for R in (2, 4, 8):
+            results += b.run_shape(name, types, K, ns, glu, R, base)
+    step_times(results)
+    for name, types, K, ns, glu, _ in SHAPES:
+        results += b.run_shape(name, types, K, ns, glu, 1, sweep)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "mvq_sweep.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
