@@ -22,9 +22,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
 from forge_hip.library import TYPE_IDS, KernelLibrary  # noqa: E402
 from forge_hip.plan import (  # noqa: E402
+    MVQ_FLAGS,
     MVQ_SMEM,
     MVQ_THREADS,
-    mvq_flags,
     mvq_global_x,
     mvq_lanes,
     mvq_need,
@@ -143,8 +143,7 @@ class Bench:
                 items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))
                 most = cfg.get("bps", 4) * self.sms
                 grid = -(-items // -(-items // most))
-                rbytes = [int(K * ROW_BYTES[t]) for t in types]
-                flags = cfg.get("flags") or mvq_flags(rb * (sum(rbytes) if glu else rbytes[0]))
+                flags = cfg.get("flags", MVQ_FLAGS)
                 need = mvq_need(types)
                 xg = 0
                 quant = None
@@ -215,7 +214,7 @@ def main() -> int:
     sweep = [
         {"kind": "new", "G": 16}, {"kind": "new", "G": 32},
         {"kind": "new", "bps": 2}, {"kind": "new", "bps": 8},
-        {"kind": "new", "flags": 1}, {"kind": "new", "flags": 3}, {"kind": "new", "flags": 5},
+        {"kind": "new", "flags": 0}, {"kind": "new", "flags": 3}, {"kind": "new", "flags": 5},
         {"kind": "new", "flags": 7},
         {"kind": "new", "threads": 128},
         {"kind": "new", "xg": 1}, {"kind": "new", "xg": 0},

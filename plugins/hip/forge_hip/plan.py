@@ -42,7 +42,9 @@ MVQ_THREADS = 256  # block size of the mvq_* kernels
 MVQ_SMEM = {1: 20480, 2: 40960, 4: 40960, 8: 40960}  # mmv.hip's MvqSmem: bytes of quantized x
 MVQ_GEN = {"Q2_K", "Q3_K"}  # types only the mvq_*_gen kernels decode
 MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
-MVQ_AHEAD_BYTES = 16384  # weight bytes a block asks L2 for ahead of what it computes
+# mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
+# (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
+MVQ_FLAGS = 1
 # Elements per unit (one lane's step, see mmv.h) of each weight type.
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
             "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
@@ -74,18 +76,17 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
 
 
-def mvq_flags(item_bytes: int) -> int:
-    """mmv.hip's flags: L2 prefetch of a block's first items, then enough items ahead of the one
-    it computes to keep about MVQ_AHEAD_BYTES in flight (1 to 3 items)."""
-    ahead = min(3, max(1, -(-MVQ_AHEAD_BYTES // item_bytes)))
-    return 1 | (ahead << 1)
-
-
 def mvq_lanes(types: list[str], k: int) -> int:
-    """Lanes per weight row: at least two units each, at most 32."""
+    """Lanes per weight row: 32 for rows of 128 units or more, 16 down to 32 units (the gemma3
+    head, 80 Q8_0 units: 101 us with 16 lanes, 146 with 32 on an H200), then at least 2 units
+    per lane."""
     units = min(k // MVQ_UNIT[t] for t in types)
+    if units >= 128:
+        return 32
+    if units >= 32:
+        return 16
     g = 4
-    while g < 32 and 2 * (2 * g) <= units:
+    while 2 * (2 * g) <= units:
         g *= 2
     return g
 
@@ -109,7 +110,7 @@ class Plan:
         self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
-        self.mvq_flags: int | None = None  # mmv.hip's prefetch flags; None: mvq_flags()
+        self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -202,15 +203,13 @@ class Plan:
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
-        item_bytes = rb * (sum(p.row_bytes for p in mats) if act is not None else mats[0].row_bytes)
-        flags = self.mvq_flags if self.mvq_flags is not None else mvq_flags(item_bytes)
         xg = 0
         if mvq_global_x(need, rows, k, rm):
             xg = ws.xq
             tasks = rows * -(-k // 256)
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
                         [x, xg, k, rows, need])  # fmt: skip
-        tail = [x, k, need, items, xg, flags]
+        tail = [x, k, need, items, xg, self.mvq_flags]
         if act is None:
             self.launch(self.lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
                         [ws.descs, first, count, rows, g, *tail])  # fmt: skip
