@@ -59,6 +59,7 @@ struct ApArgs {
     int G, kvh, i0, col0, t_first, n_tok;
     const i32* s_pos;  // shared: pos and btoff of the block's tokens t_first ..
     const i32* s_off;
+    i32* s_slot;  // shared: cache slots of two K/V tiles (tensor-core path)
 };
 
 // The segment starting at block token a: its last token, its first key and its key end.
@@ -241,24 +242,24 @@ FORGE_DEV u32 ap_h2(float lo, float hi) {
     return r;
 }
 
-// Positions k0 .. k0 + BK - 1 of one head (W columns from col0, `width` per cache row) into
-// dst [BK][ld] by cp.async; zeros past kend or past width.
+// Cache slot of position p of the segment (-1 past kend).
+FORGE_DEV int ap_slot(const i32* table, int bs, int p, int kend) {
+    return p < kend ? table[p / bs] * bs + p % bs : -1;
+}
+
+// The BK positions whose cache slots are in `slots` (-1: none), one head (W columns from col0,
+// `width` per cache row), into dst [BK][ld] by cp.async; zeros for no slot or past width.
 template <int W, int BK>
-FORGE_DEV void ap_mma_tile(u16* dst, int ld, const u16* cache, const i32* table, int bs, int Hkv,
-                           int kvh, int width, int col0, int k0, int kend) {
+FORGE_DEV void ap_mma_tile(u16* dst, int ld, const u16* cache, const i32* slots, int Hkv, int kvh,
+                           int width, int col0) {
     constexpr int CPR = W / 8;  // 16-byte pieces per row
     static_assert(BK * CPR % AP_THREADS == 0, "whole tile rounds");
-    // not unrolled: the unrolled address arithmetic costs registers (and spills at DP 256)
-#pragma unroll 1
+#pragma unroll
     for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
         const int c = threadIdx.x + it * AP_THREADS;
-        const int key = c / CPR, col = (c % CPR) * 8, p = k0 + key;
-        const bool ok = p < kend && col0 + col < width;
-        const u16* src = cache;
-        if (ok) {
-            const i64 slot = (i64)table[p / bs] * bs + p % bs;
-            src = cache + (slot * Hkv + kvh) * width + col0 + col;
-        }
+        const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
+        const bool ok = slot >= 0 && col0 + col < width;
+        const u16* src = ok ? cache + ((i64)slot * Hkv + kvh) * width + col0 + col : cache;
         ap_cp16(dst + key * ld + col, src, ok);
     }
 }
@@ -296,14 +297,24 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
         int lo[2], hi[2];
         ap_range(a, ra.tok, sa, seg.last, lo[0], hi[0]);
         ap_range(a, rb.tok, sa, seg.last, lo[1], hi[1]);
+        // slots of tile j in a.s_slot[(j & 1) * BK ..]: those of tile j + 1 are looked up
+        // during tile j's scores and stored before the barrier that follows them
         __syncthreads();  // the previous segment's last tile is consumed
-        ap_mma_tile<DP, BK>(Ks, LDK, kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, seg.kbeg, seg.kend);
+        if (threadIdx.x < BK) {
+            a.s_slot[threadIdx.x] = ap_slot(table, a.bs, seg.kbeg + threadIdx.x, seg.kend);
+        }
+        __syncthreads();
+        ap_mma_tile<DP, BK>(Ks, LDK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
         ap_commit();
-        ap_mma_tile<DVC, BK>(Vs, LDV, vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, seg.kbeg,
-                             seg.kend);
+        ap_mma_tile<DVC, BK>(Vs, LDV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
         ap_commit();
-        for (int k0 = seg.kbeg; k0 < seg.kend; k0 += BK) {
+        for (int k0 = seg.kbeg, j = 0; k0 < seg.kend; k0 += BK, ++j) {
             const bool more = k0 + BK < seg.kend;
+            i32* nxt = a.s_slot + ((j + 1) & 1) * BK;
+            int nslot = -1;
+            if (more && threadIdx.x < BK) {
+                nslot = ap_slot(table, a.bs, k0 + BK + threadIdx.x, seg.kend);
+            }
             // this warp has a live score in the tile
             const bool live = __any_sync(0xffffffffu, (hi[0] >= k0 && lo[0] < k0 + BK) ||
                                                           (hi[1] >= k0 && lo[1] < k0 + BK));
@@ -326,11 +337,9 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                     }
                 }
             }
-            __syncthreads();  // every warp is done with K
-            if (more) {
-                ap_mma_tile<DP, BK>(Ks, LDK, kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0 + BK,
-                                    seg.kend);
-            }
+            if (more && threadIdx.x < BK) nxt[threadIdx.x] = nslot;
+            __syncthreads();  // every warp is done with K; the next slots are stored
+            if (more) ap_mma_tile<DP, BK>(Ks, LDK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
             ap_commit();
             u32 pf[BK / 16][4];
             if (live) {
@@ -394,10 +403,7 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                 }
             }
             __syncthreads();  // every warp is done with V
-            if (more) {
-                ap_mma_tile<DVC, BK>(Vs, LDV, vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0 + BK,
-                                     seg.kend);
-            }
+            if (more) ap_mma_tile<DVC, BK>(Vs, LDV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
             ap_commit();
         }
         ap_wait<0>();
@@ -429,7 +435,7 @@ template <int DP>
 FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
                        const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
                        int Dv, int block_size, float scale, int window, int kv_f16, u16* smem,
-                       i32* s_pos, i32* s_off) {
+                       i32* s_pos, i32* s_off, i32* s_slot) {
     ApArgs a;
     a.q = q;
     a.kc = kc;
@@ -459,6 +465,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     }
     a.s_pos = s_pos;
     a.s_off = s_off;
+    a.s_slot = s_slot;
     __syncthreads();
 #if defined(FORGE_NV)
     if (kv_f16 == 1) {
@@ -476,9 +483,9 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __r
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_f16,
-                smem, s_pos, s_off);
+                smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
@@ -486,9 +493,9 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_f16, smem, s_pos, s_off);
+                 kv_f16, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
@@ -496,7 +503,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_f16, smem, s_pos, s_off);
+                 kv_f16, smem, s_pos, s_off, s_slot);
 }

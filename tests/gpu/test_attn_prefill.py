@@ -119,12 +119,13 @@ def test_prefill_attention_plan_routing():
         def get(self, name):
             return name
 
-    def plan_for(d, dv, f16):
+    def plan_for(d, dv, f16, wtype="Q4_K"):
         spec = SimpleNamespace(head_dim=d, head_dim_v=dv, n_head=8, n_head_kv=2, attn_scale=0.1,
                                layers=[SimpleNamespace(sliding_window=None)])  # fmt: skip
         p = Plan.__new__(Plan)
         p.spec, p.lib, p.round_prefill = spec, Lib(), True
         p.ws = SimpleNamespace(q=1, attn=2)
+        p.layers, p.mats = [{"qkv": 0}], [(SimpleNamespace(type=wtype), None)] * 3
         p.launch = lambda k, grid, block, args: launches.append((k, grid, block, args))
         kv = SimpleNamespace(f16=f16, block_size=16, layer=lambda i: (10, 11))
         meta = SimpleNamespace(bt=3, btoff=4, pos=5)
@@ -148,4 +149,6 @@ def test_prefill_attention_plan_routing():
     assert launches[-1][3][-1] == 0
     p, kv, meta = plan_for(128, 128, True)
     p.round_prefill = False  # float32 math over the float16 cache
+    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2
+    p, kv, meta = plan_for(128, 128, True, "F32")  # F32 Q/K/V weights: float32 math as well
     assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2

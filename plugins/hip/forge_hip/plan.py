@@ -265,14 +265,18 @@ class Plan:
     def _prefill_attention(self, rows: int, meta, kv, i: int) -> bool:
         """Attention of `rows` prefill rows of layer i (after qk_rope_store) into ws.attn by
         attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
-        K/V tile, flash-attention style. With a float16 cache and rounded prefill products,
-        tensor cores on NVIDIA (Q and the probabilities rounded to float16, as llama.cpp's f16
-        K/V products round them); else float32 math. False, launching nothing, when the head
-        sizes do not fit it (D over 256; tensor-core rows not a multiple of 8 values)."""
+        K/V tile, flash-attention style. With a float16 cache and rounded prefill products
+        (the layer's Q/K/V weights not F32), tensor cores on NVIDIA (Q and the probabilities
+        rounded to float16, as llama.cpp's f16 K/V products round them); else float32 math
+        (llama-f32 with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound). False,
+        launching nothing, when the head sizes do not fit it (D over 256; tensor-core rows not a
+        multiple of 8 values)."""
         s, ws = self.spec, self.ws
         d, dv = s.head_dim, s.head_dim_v
         dp = next((p for p in (64, 128, 256) if d <= p), None)  # the kernel's padded D
-        mode = (1 if self.round_prefill else 2) if kv.f16 else 0
+        qkv = self.layers[i]["qkv"]
+        rounded = self.round_prefill and all(p.type != "F32" for p, _ in self.mats[qkv : qkv + 3])
+        mode = (1 if rounded else 2) if kv.f16 else 0
         if dp is None or (mode == 1 and (d % 8 or dv % 8)):
             return False
         dvc = min(dp, 128)  # AP_DVC: output columns per block
