@@ -6,7 +6,6 @@ The core knows models, tokens, sampling and serving; execution comes from backen
 
 from __future__ import annotations
 
-import os as _os
 from importlib import metadata as _metadata
 from typing import Any
 
@@ -16,13 +15,6 @@ try:
     __version__ = _metadata.version("forge-llm")
 except _metadata.PackageNotFoundError:  # running from a checkout that was not pip-installed
     __version__ = "0.0.0+unknown"
-
-# OpenBLAS reads this once, when NumPy loads it, so it is set before anything imports NumPy (a
-# user's value wins). By default idle OpenBLAS threads spin for 2**28 cycles after each call and
-# take the cores that cpu_simd's own threads need next: the default model's 262144x640 head for
-# 8 rows, right after the layers' BLAS calls, took 66 ms instead of 36 ms. 2**10 cycles is short
-# enough to free the cores and long enough to keep back-to-back BLAS calls cheap.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "10")
 
 __all__ = ["HOOK_API_VERSION", "Model", "__version__", "hookimpl", "load"]
 
