@@ -188,7 +188,8 @@ class Scheduler:
                 if self._running:
                     self._step()
             except Exception as exc:  # a failed pass must not take the server down
-                log.exception("forward pass failed; ending its sequences")
+                log.exception("forward pass failed (%s: %s); ending its sequences",
+                              type(exc).__name__, exc)  # fmt: skip
                 for request in list(self._running):
                     self._finish(request, "error", f"{type(exc).__name__}: {exc}")
             with self._cond:

@@ -4,6 +4,8 @@ one host->device copy per step), chunking, the preflight message and cleanup aft
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from forge_hip.runtime.base import ArgPack, DeviceBuffer, DeviceProps, Kernel
@@ -25,6 +27,10 @@ class FakeRuntime:
         self.free_bytes, self.fail_upload_at = free, fail_upload_at
         self.next, self.live, self.uploads = 1 << 32, {}, 0
         self.launches, self.capturing, self.replays = [], False, 0
+        self.bound_threads: list[int] = []
+
+    def bind(self):
+        self.bound_threads.append(threading.get_ident())
 
     def alloc(self, n):
         if n > self.free_bytes:
@@ -135,6 +141,25 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live
+
+
+def test_forward_on_another_thread_binds_the_device_there(golden_dir):
+    """A server runs passes on a worker thread; GPU APIs keep the current device per thread."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "llama-f32.gguf", rt)
+    runner.allocate_kv(8, 16)
+    ids = np.arange(1, 6, dtype=np.int32)
+    picks = []
+    worker = threading.Thread(
+        target=lambda: picks.extend(
+            runner.forward_argmax([SeqBatch(ids, 0, np.arange(1, dtype=np.int32))])
+        )
+    )
+    worker.start()
+    worker.join()
+    assert len(picks) == 1
+    assert worker.ident in rt.bound_threads
+    runner.close()
 
 
 def test_long_batches_are_cut_into_chunks(golden_dir):

@@ -210,3 +210,33 @@ def test_failure_mid_load_frees_everything(rt, golden_dir):
     with pytest.raises(ForgeRuntimeError, match="injected"):
         HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=fake)
     assert fake.live == 0 and fake.uploads == 5
+
+
+def test_scheduler_on_a_worker_thread_batches_like_single_requests(golden_dir):
+    """The server's path: the scheduler thread (not the loading thread) runs the passes; greedy
+    batched results equal single ones (float32 weights: each row's math is batch-independent)."""
+    import queue
+
+    from forge.scheduler import Finished, Scheduler
+
+    model = forge.load(str(golden_dir / "models" / "llama-f32.gguf"), backend="hip", n_ctx=512)
+    prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "1, 2, 3,"]
+    try:
+        single = {p: model.complete(p, max_tokens=12, temperature=0).tokens for p in prompts}
+        sched = Scheduler(model, max_batch=8).start()
+        try:
+            queues = []
+            for p in prompts:
+                q: queue.Queue = queue.Queue()
+                state = model.start(p, max_tokens=12, temperature=0)
+                sched.submit(state, q.put)
+                queues.append((p, q, state))
+            for p, q, state in queues:
+                while not isinstance(msg := q.get(timeout=60), Finished):
+                    pass
+                assert msg.finish_reason in ("stop", "length"), msg
+                assert state.generated == single[p], p
+        finally:
+            sched.stop(5)
+    finally:
+        model.runner.close()

@@ -139,6 +139,7 @@ class HipRunner(Runner):
 
     # -- cache -------------------------------------------------------------------------------------
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+        self.rt.bind()
         if self.kv is not None:
             self.kv.close()
             self.kv = None
@@ -167,6 +168,7 @@ class HipRunner(Runner):
     def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None) -> list:
         """Logits (ids False) or picked token ids (ids True: argmax unless `picks` says how)
         of the rows each sequence's `output` asks for."""
+        self.rt.bind()
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
         parts: list[list[np.ndarray]] = [[] for _ in batch]

@@ -222,6 +222,9 @@ class HipRuntime(Runtime):
     def replay(self, graph, stream) -> None:
         check(self._hip.hipGraphLaunch(graph, stream), "hipGraphLaunch")
 
+    def bind(self) -> None:
+        check(self._hip.hipSetDevice(self._index), "hipSetDevice")
+
     def close(self) -> None:
         if self._closed:
             return

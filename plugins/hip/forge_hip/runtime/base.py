@@ -191,6 +191,11 @@ class Runtime(ABC):
         """Launch an executable graph on `stream`."""
 
     @abstractmethod
+    def bind(self) -> None:
+        """Make this device current for the calling thread (GPU APIs keep it per thread: a
+        server runs forward passes on a worker thread, not the one that loaded the model)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release what the runtime holds (contexts, modules). Safe to call twice."""
 

@@ -223,6 +223,9 @@ class CudaRuntime(Runtime):
     def replay(self, graph, stream) -> None:
         check(self._drv.cuGraphLaunch(graph, stream), "cuGraphLaunch")
 
+    def bind(self) -> None:
+        check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
     def close(self) -> None:
         if self._closed:
             return
