@@ -105,7 +105,7 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
         runner.close()
 
 
-def test_sampled_generation_repeats_with_its_seed(golden_dir):
+def test_sampled_generation_repeats_with_its_seed(rt, golden_dir):  # rt: skips without a GPU
     model = forge.load(str(golden_dir / "models" / "gemma3-q4_k_m.gguf"), backend="hip", n_ctx=128)
     try:
         assert model.runner.samples_on_device
@@ -212,7 +212,7 @@ def test_failure_mid_load_frees_everything(rt, golden_dir):
     assert fake.live == 0 and fake.uploads == 5
 
 
-def test_scheduler_on_a_worker_thread_batches_like_single_requests(golden_dir):
+def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_dir):
     """The server's path: the scheduler thread (not the loading thread) runs the passes; greedy
     batched results equal single ones (float32 weights: each row's math is batch-independent)."""
     import queue
