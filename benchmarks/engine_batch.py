@@ -1,0 +1,92 @@
+"""Engine-only batching: decode step time of the runner for 1..N sequences, and aggregate
+tokens/s of the scheduler with N concurrent greedy requests, without HTTP. Separates what the
+engine costs from what `forge serve` adds (compare with benchmarks/load_server.py).
+
+    python benchmarks/engine_batch.py [--model GGUF] [--backend NAME] [--streams 1 8 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import time
+
+import numpy as np
+
+import forge
+from forge.backend import SeqBatch
+from forge.kv_cache import BlockTable
+from forge.scheduler import Finished, Scheduler
+
+
+def step_ms(model, n: int, context: int = 32, reps: int = 20) -> float:
+    """Median ms of one greedy decode step for n sequences at `context` positions."""
+    tables = []
+    for _ in range(n):
+        t = BlockTable(model.allocator, model.n_ctx)
+        t.ensure(context + reps + 2)
+        tables.append(t)
+    try:
+        ids = np.arange(1, context + 1, dtype=np.int32)
+        model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
+        times = []
+        for r in range(reps + 1):
+            batch = [SeqBatch(np.array([7], np.int32), context + r, t.array()) for t in tables]
+            t0 = time.perf_counter()
+            model.runner.forward_argmax(batch)
+            times.append(time.perf_counter() - t0)
+        return 1e3 * float(np.median(times[1:]))
+    finally:
+        for t in tables:
+            t.release()
+
+
+def scheduler_tok_s(model, streams: int, max_tokens: int) -> float:
+    sched = Scheduler(model, max_batch=max(streams, 1)).start()
+    try:
+        qs = []
+        t0 = time.perf_counter()
+        for i in range(streams):
+            q: queue.Queue = queue.Queue()
+            state = model.start(f"Request {i}: tell a story about", max_tokens=max_tokens,
+                                temperature=0)  # fmt: skip
+            sched.submit(state, q.put)
+            qs.append((q, state))
+        tokens = 0
+        for q, state in qs:
+            while not isinstance(q.get(timeout=600), Finished):
+                pass
+            tokens += len(state.generated)
+        return tokens / (time.perf_counter() - t0)
+    finally:
+        sched.stop(10)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model")
+    p.add_argument("--backend")
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--n-ctx", type=int, default=8192)
+    args = p.parse_args()
+    model = forge.load(args.model, backend=args.backend, n_ctx=args.n_ctx)
+    rows = []
+    for n in args.streams:
+        ms = step_ms(model, n)
+        tok_s = scheduler_tok_s(model, n, args.max_tokens)
+        rows.append({"streams": n, "step_ms": round(ms, 3), "step_tok_s": round(n * 1e3 / ms, 1),
+                     "scheduler_tok_s": round(tok_s, 1)})  # fmt: skip
+    base = rows[0]["scheduler_tok_s"]
+    for r in rows:
+        r["scheduler_x"] = round(r["scheduler_tok_s"] / base, 2)
+    print(json.dumps({"backend": model.backend, "rows": rows}, indent=2))
+    print(f"\n{'streams':>7} {'step ms':>8} {'step tok/s':>10} {'sched tok/s':>11} {'x':>6}")
+    for r in rows:
+        print(f"{r['streams']:>7} {r['step_ms']:>8.2f} {r['step_tok_s']:>10.1f} "
+              f"{r['scheduler_tok_s']:>11.1f} {r['scheduler_x']:>6.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
