@@ -70,7 +70,8 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
     if rows == 1:
         return (W @ x[0])[None, :]
     if rows <= MAX_CHUNKED_ROWS and W.nbytes >= CHUNKED_MIN_BYTES:
-        return _chunked_product(W, np.ascontiguousarray(x.T), SMALL_GEMM_MNK // (rows * k))
+        chunk = max(1, SMALL_GEMM_MNK // (rows * k))
+        return _chunked_product(W, np.ascontiguousarray(x.T), chunk)
     return (W @ x.T).T
 
 
