@@ -22,14 +22,10 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max(1, workers() - 1), thread_name_prefix="forge-cpu")
 
 
-def _ranges(n: int, align: int = 1) -> list[tuple[int, int]]:
-    step = max(align, -(-n // (workers() * align)) * align)
-    return [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
-
-
-def run_split(n: int, fn: Callable[[int, int], None], align: int = 1) -> None:
+def run_split(n: int, fn: Callable[[int, int], None]) -> None:
     """Call fn(lo, hi) on contiguous ranges covering 0..n, one per worker, in parallel."""
-    ranges = _ranges(n, align)
+    step = max(1, -(-n // workers()))
+    ranges = [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
     futures = [_pool().submit(fn, lo, hi) for lo, hi in ranges[1:]]
     fn(*ranges[0])
     for f in futures:
