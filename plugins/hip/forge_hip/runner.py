@@ -309,6 +309,7 @@ class HipRunner(Runner):
     # -- diagnostics -------------------------------------------------------------------------------
     def profile_decode(self, batch: list[SeqBatch]) -> dict[str, tuple[int, float]]:
         """Run one decode step launch by launch with events; {kernel: (launches, ms)}."""
+        self.rt.bind()
         rows, _, n_bt = self._prepare(batch)
         self.meta.upload(n_bt, self.stream)
         self.launch.start_profile()
