@@ -9,15 +9,13 @@ GPU. The GPU kernels add the same units over lanes (tests/gpu/test_kernels_gemv.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 from forge_hip.library import ROUND_MODE, TYPE_IDS
-from forge_hip.sources import kernel_dir
 
 from tests.gpu.test_kernels_gemv import random_weights, round_acts
+from tests.host_cxx import build_host_library
 
 HARNESS = """
 #define FORGE_HOST 1
@@ -54,16 +52,7 @@ QUANT_TYPES = [t for t in TYPE_IDS if t not in ("F32", "F16", "BF16")]
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++ or clang++)")
-    d = tmp_path_factory.mktemp("mmv")
-    (d / "h.cpp").write_text(HARNESS)
-    cmd = [cxx, "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
-           f"-I{kernel_dir()}", str(d / "h.cpp"), "-o", str(d / "h.so")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return ctypes.CDLL(str(d / "h.so"))
+    return build_host_library(tmp_path_factory.mktemp("mmv"), HARNESS)
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:

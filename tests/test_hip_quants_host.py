@@ -7,16 +7,14 @@ checked on random bytes, without a GPU. The GPU kernels call these same function
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import gguf
 import numpy as np
 import pytest
 from forge_hip.library import TYPE_SUFFIX
-from forge_hip.sources import kernel_dir
 from gguf import GGMLQuantizationType, quants
 
+from tests.host_cxx import build_host_library
 from tests.quant_blocks import random_raw
 
 HARNESS = """
@@ -31,31 +29,7 @@ FORGE_WEIGHT_TYPES(DEQ_ROW)
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++ or clang++)")
-    d = tmp_path_factory.mktemp("quants")
-    (d / "h.cpp").write_text(HARNESS)
-    proc = subprocess.run(
-        [
-            cxx,
-            "-O1",
-            "-shared",
-            "-fPIC",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-unknown-pragmas",
-            f"-I{kernel_dir()}",
-            str(d / "h.cpp"),
-            "-o",
-            str(d / "h.so"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return ctypes.CDLL(str(d / "h.so"))
+    return build_host_library(tmp_path_factory.mktemp("quants"), HARNESS)
 
 
 @pytest.mark.parametrize("type_name", list(TYPE_SUFFIX))
