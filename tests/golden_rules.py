@@ -19,6 +19,12 @@ def golden_path() -> Path | None:
     return None
 
 
+def golden_model_files() -> list[str]:
+    """File names of the golden models (empty when the golden data is missing)."""
+    golden = golden_path()
+    return sorted(p.name for p in (golden / "models").glob("*.gguf")) if golden else []
+
+
 # (max, mean) bounds of err = |ours - ref| / std(ref row), by weight class.
 BOUNDS = {"f32": (1e-3, 1e-4), "f16": (1e-2, 2e-3), "bf16": (3e-2, 1e-2), "quant": (1.5e-1, 3e-2)}
 TIE = 0.1  # a greedy mismatch is a near tie if the reference token is within TIE * std of our max

@@ -9,14 +9,13 @@ import forge
 from tests.golden_rules import (
     BOUNDS,
     check_default_model,
-    golden_path,
+    golden_model_files,
     greedy_mismatches,
     logit_errors,
     weight_class,
 )
 
-GOLDEN = golden_path()
-MODELS = sorted(p.name for p in (GOLDEN / "models").glob("*.gguf")) if GOLDEN else []
+MODELS = golden_model_files()
 
 
 @pytest.mark.parametrize("model_file", MODELS or ["<golden data missing>"])

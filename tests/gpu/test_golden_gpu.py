@@ -17,14 +17,13 @@ from tests.golden_rules import (
     ROOT,
     TIE,
     check_default_model,
-    golden_path,
+    golden_model_files,
     greedy_mismatches,
     logit_errors,
     weight_class,
 )
 
-GOLDEN = golden_path()
-MODELS = sorted(p.name for p in (GOLDEN / "models").glob("*.gguf")) if GOLDEN else []
+MODELS = golden_model_files()
 
 
 def _load(path: str, n_ctx: int = 256):
