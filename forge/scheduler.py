@@ -242,16 +242,14 @@ class Scheduler:
                                   "last" if last else "none"))  # fmt: skip
         sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
         runner = self.model.runner
-        device = getattr(runner, "samples_on_device", False)
-        on_device = {id(b): r.state.device_pick() for r, b in sampling} if device else {}
         if sampling and all(r.state.is_greedy for r, _ in sampling):
             picks = runner.forward_argmax(batch)
             rows = {id(b): p for b, p in zip(batch, picks)}
-        elif sampling and device and all(p is not None for p in on_device.values()):
+        elif sampling and (on_device := _device_picks(runner, sampling)) is not None:
             tokens = runner.forward_sample(batch, [on_device.get(id(b)) for b in batch])
             rows = {id(b): t for b, t in zip(batch, tokens)}
         else:
-            outs = self.model.runner.forward(batch)
+            outs = runner.forward(batch)
             rows = {id(b): o for b, o in zip(batch, outs)}
         self.steps += 1
         for request, n in plan:
@@ -315,3 +313,12 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
     except Exception:
         log.exception("request %d: callback failed; cancelling it", request.id)
         request.cancelled = True
+
+
+def _device_picks(runner, sampling: list) -> dict | None:
+    """{id(batch row): DeviceSampling} when the runner samples on the device and every sampling
+    sequence's chain allows it; None when the host must sample."""
+    if not getattr(runner, "samples_on_device", False):
+        return None
+    picks = {id(b): r.state.device_pick() for r, b in sampling}
+    return picks if all(p is not None for p in picks.values()) else None
