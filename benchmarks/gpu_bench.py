@@ -135,6 +135,12 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
             tok = runner.forward_argmax([SeqBatch(np.array([tok], np.int32), 1 + i, table)])[0]
         return time.perf_counter() - t
 
+    runner.launch.overlap = False  # A/B: graphs without overlapped (PDL) launches
+    runner.graphs.clear()
+    decode(8)
+    tg_plain = min(decode(128) for _ in range(2))
+    runner.launch.overlap = True
+    runner.graphs.clear()
     decode(8)  # warm-up: captures the batch-1 graph
     tg = min(decode(128) for _ in range(2))
     kernels_per_step = runner.graphs.kernels.get(1)
@@ -148,6 +154,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         "weight_bytes_per_token": nbytes,
         "decode_tg128_tok_s": round(tok_s, 1),
         "decode_ms_per_token": round(1e3 * tg / 128, 4),
+        "decode_tg128_tok_s_no_overlap": round(128 / tg_plain, 1),
         "decode_bandwidth_GBs": round(nbytes * tok_s / 1e9, 1),
         "decode_floor_tok_s": round(bandwidth / nbytes, 1),
         "prefill_pp512_tok_s": round(512 / pp, 1),
@@ -194,7 +201,8 @@ def main() -> int:
     for m in results["models"]:
         print(f"{m['model']:28s} {m['decode_tg128_tok_s']:12.1f} {m['decode_bandwidth_GBs']:7.0f} "
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
-              f"{m['kernels_per_decode_step']}")  # fmt: skip
+              f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
+              f"{m['decode_tg128_tok_s_no_overlap']})")  # fmt: skip
         top = list(m["kernel_ms"].items())[:6]
         print(
             "   top kernels (launches, ms):", ", ".join(f"{k} {n}x {ms:.3f}" for k, (n, ms) in top)

@@ -7,6 +7,7 @@ FORGE_DEV void better(float& v, int& i, float v2, int i2) {
 }
 
 FORGE_KERNEL void argmax(const float* __restrict__ x, int n, i32* __restrict__ out) {
+    FORGE_GRID_WAIT();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* xr = x + (i64)blockIdx.x * n;

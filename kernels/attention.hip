@@ -65,6 +65,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const i32* __restrict__ slots, void* kc, void* vc, int H, int Hkv,
                                 int D, int Dv, int n_rot, int neox, float base, float freq_scale,
                                 float eps, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ float hs[LAYER_MAX_D];
     __shared__ float scratch[32];
     const int j = blockIdx.x, r = blockIdx.y;
@@ -311,6 +312,7 @@ FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, 
     const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* part_o, float* part_ml, u32* cnt, float* out, int Hkv,
     int D, int Dv, int block_size, float scale, int window, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ float qs[LAYER_MAX_D];
     __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
@@ -349,6 +351,7 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
     const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
     float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
     float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D];
     __shared__ float scratch[32];
     __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];

@@ -482,6 +482,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __r
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_f16,
@@ -492,6 +493,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
@@ -502,6 +504,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_f16) {
+    FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,

@@ -14,21 +14,26 @@ FORGE_DEV float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // y = act(gate) * up
 FORGE_KERNEL void geglu(const float* gate, const float* up, float* y, i64 n) {
+    FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 FORGE_KERNEL void swiglu(const float* gate, const float* up, float* y, i64 n) {
+    FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = silu(gate[i]) * up[i];
 }
 
 FORGE_KERNEL void add(const float* a, const float* b, float* y, i64 n) {
+    FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = a[i] + b[i];
 }
 
 FORGE_KERNEL void mul(const float* a, const float* b, float* y, i64 n) {
+    FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = a[i] * b[i];
 }
 
 FORGE_KERNEL void scale(const float* x, float* y, float s, i64 n) {
+    FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = x[i] * s;
 }

@@ -5,6 +5,7 @@
 #define FORGE_EMBED_Q(T, QB, BYTES)                                                         \
     FORGE_KERNEL void embed_##T(const u8* __restrict__ W, const i32* __restrict__ ids,        \
                                 float* __restrict__ out, int K, float scale) {               \
+        FORGE_GRID_WAIT();                                                                   \
         const u8* row = W + (i64)ids[blockIdx.x] * ((i64)(K / (QB)) * (BYTES));              \
         float* o = out + (i64)blockIdx.x * K;                                                \
         float v[32];                                                                         \
@@ -17,6 +18,7 @@
 #define FORGE_EMBED_F(T, ELEM_BYTES)                                                        \
     FORGE_KERNEL void embed_##T(const u8* __restrict__ W, const i32* __restrict__ ids,        \
                                 float* __restrict__ out, int K, float scale) {               \
+        FORGE_GRID_WAIT();                                                                   \
         const u8* row = W + (i64)ids[blockIdx.x] * K * (ELEM_BYTES);                         \
         float* o = out + (i64)blockIdx.x * K;                                                \
         for (int k = threadIdx.x; k < K; k += blockDim.x) o[k] = scale * load_##T(row, k);   \

@@ -31,6 +31,24 @@ typedef long long i64;
 
 #define FORGE_KERNEL extern "C" __global__
 
+// The first statement of every kernel. On NVIDIA sm_90+ a launch may be made with programmatic
+// stream serialization (forge_hip.executor, inside captured graphs): the kernel's blocks then
+// start while the previous kernel is finishing and wait here until it has completed and its
+// writes are visible, which hides the launch gap between dependent kernels. Once past the wait,
+// the kernel lets the next one be scheduled early in turn. Elsewhere (AMD, older NVIDIA, plain
+// launches) the wait is a no-op and the kernel starts after its predecessor as usual.
+#if defined(FORGE_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FORGE_GRID_WAIT()                                                \
+    do {                                                                 \
+        asm volatile("griddepcontrol.wait;" ::: "memory");               \
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  \
+    } while (0)
+#else
+#define FORGE_GRID_WAIT() \
+    do {                  \
+    } while (0)
+#endif
+
 // ---- half and bfloat16 (stored as raw 16-bit words) ----
 FORGE_DEV float bits_to_float(u32 b) {
 #if defined(FORGE_HOST)

@@ -67,6 +67,7 @@ FORGE_DEV float group32_max(float v) {  // over the 32-lane group (half a wavefr
 }
 
 FORGE_KERNEL void act_half(const float* __restrict__ x, u16* __restrict__ y, int K, int mode) {
+    FORGE_GRID_WAIT();
     const float* xr = x + (i64)blockIdx.x * K;
     u16* yr = y + (i64)blockIdx.x * K;
     if (mode >= 3) {
@@ -563,11 +564,13 @@ template <int BM> FORGE_DEV void gemm_dispatch(const i64* descs, int first, int 
 }
 
 FORGE_KERNEL __launch_bounds__(GB_THREADS, 2) void gemm_m128(const i64* __restrict__ descs, int first, int R) {
+    FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[2 * Stage<128>::WORDS];
     gemm_dispatch<128>(descs, first, R, smem);
 }
 
 FORGE_KERNEL __launch_bounds__(GB_THREADS, 2) void gemm_m64(const i64* __restrict__ descs, int first, int R) {
+    FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[2 * Stage<64>::WORDS];
     gemm_dispatch<64>(descs, first, R, smem);
 }

@@ -9,6 +9,7 @@
 FORGE_KERNEL void add_norm(float* __restrict__ x, const float* __restrict__ o,
                            const float* __restrict__ w_post, const float* __restrict__ w_next,
                            float* __restrict__ h, int n, float eps) {
+    FORGE_GRID_WAIT();
     __shared__ float scratch[32];
     float* xr = x + (i64)blockIdx.x * n;
     if (o) {
@@ -35,6 +36,7 @@ FORGE_KERNEL void add_norm(float* __restrict__ x, const float* __restrict__ o,
 // dst[i, :] = src[idx[i], :] (rows of n floats). grid = n_rows, block = any.
 FORGE_KERNEL void gather_rows(const float* __restrict__ src, const i32* __restrict__ idx,
                               float* __restrict__ dst, int n) {
+    FORGE_GRID_WAIT();
     const float* s = src + (i64)idx[blockIdx.x] * n;
     float* d = dst + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
@@ -42,6 +44,7 @@ FORGE_KERNEL void gather_rows(const float* __restrict__ src, const i32* __restri
 
 // y[r, :] += bias[:] over R rows of n. grid = R, block = any (for matmul kernels without bias).
 FORGE_KERNEL void add_bias(float* __restrict__ y, const float* __restrict__ bias, int n) {
+    FORGE_GRID_WAIT();
     float* yr = y + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] += bias[i];
 }
@@ -50,6 +53,7 @@ FORGE_KERNEL void add_bias(float* __restrict__ y, const float* __restrict__ bias
 // (mode 1: 8-bit blocks of 32 with an f16 scale, as Q8_0; 2: 8-bit blocks of 256 scaled by the
 // signed peak, as Q8_K; 3: f16; 4: bf16). Rows of n. grid = R, block = any.
 FORGE_KERNEL void act_round(const float* __restrict__ x, float* __restrict__ y, int n, int mode) {
+    FORGE_GRID_WAIT();
     const float* xr = x + (i64)blockIdx.x * n;
     float* yr = y + (i64)blockIdx.x * n;
     if (mode >= 3) {

@@ -115,6 +115,7 @@ FORGE_DEV float row_dot(const Mat& m, int n, const float* x, int lane) {
 }
 
 FORGE_KERNEL void mv_multi(const i64* __restrict__ descs, int first) {
+    FORGE_GRID_WAIT();
     const Mat m = mat_at(descs + (i64)(first + blockIdx.z) * DESC_LEN);
     const int lane = threadIdx.x % FORGE_WARP;
     const int n = blockIdx.x * (blockDim.x / FORGE_WARP) + threadIdx.x / FORGE_WARP;
@@ -129,6 +130,7 @@ FORGE_DEV float gelu_tanh_f(float x) {
 }
 
 FORGE_KERNEL void mv_glu(const i64* __restrict__ descs, int first, int act) {
+    FORGE_GRID_WAIT();
     const Mat g = mat_at(descs + (i64)first * DESC_LEN);
     const Mat u = mat_at(descs + (i64)(first + 1) * DESC_LEN);
     const int lane = threadIdx.x % FORGE_WARP;
@@ -169,6 +171,7 @@ FORGE_DEV void load_tile_f(const Mat& m, int n0, int k0, float (*ws)[TILE + 1]) 
 }
 
 FORGE_KERNEL void mm_tiled(const i64* __restrict__ descs, int first, int R) {
+    FORGE_GRID_WAIT();
     __shared__ float ws[TK][TILE + 1];
     __shared__ float xs[TK][TILE + 1];
     const Mat m = mat_at(descs + (i64)(first + blockIdx.z) * DESC_LEN);

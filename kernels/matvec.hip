@@ -8,6 +8,7 @@
 #define FORGE_MATVEC_Q(T, QB, BYTES)                                                        \
     FORGE_KERNEL void matvec_##T(const u8* __restrict__ W, const float* __restrict__ x,       \
                                  float* __restrict__ y, int K, int N) {                      \
+        FORGE_GRID_WAIT();                                                                   \
         int lane = threadIdx.x % FORGE_WARP;                                                 \
         int n = blockIdx.x * (blockDim.x / FORGE_WARP) + threadIdx.x / FORGE_WARP;           \
         if (n >= N) return;                                                                  \
@@ -27,6 +28,7 @@
 #define FORGE_MATVEC_F(T, ELEM_BYTES)                                                       \
     FORGE_KERNEL void matvec_##T(const u8* __restrict__ W, const float* __restrict__ x,       \
                                  float* __restrict__ y, int K, int N) {                      \
+        FORGE_GRID_WAIT();                                                                   \
         int lane = threadIdx.x % FORGE_WARP;                                                 \
         int n = blockIdx.x * (blockDim.x / FORGE_WARP) + threadIdx.x / FORGE_WARP;           \
         if (n >= N) return;                                                                  \

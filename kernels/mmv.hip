@@ -335,24 +335,29 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
                            int G, const float* x, int K, int need, int items,           \
                            const u8* xg, int flags) {                                   \
+        FORGE_GRID_WAIT();                                                              \
         mvq_body<RM, GEN>(descs, first, count, R, G, x, K, need, items, xg, flags, -1); \
     }                                                                                   \
     FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
         mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
                          const float* x, int K, int need, int items, const u8* xg,      \
                          int flags, int act) {                                          \
+        FORGE_GRID_WAIT();                                                              \
         mvq_body<RM, GEN>(descs, first, 2, R, G, x, K, need, items, xg, flags, act);    \
     }
 MVQ_KERNELS(r1, 1, false, 4)
 MVQ_KERNELS(r2, 2, false, 4)
 MVQ_KERNELS(r4, 4, false, 3)
 MVQ_KERNELS(r8, 8, false, 2)
+MVQ_KERNELS(r16, 16, false, 2)
+MVQ_KERNELS(r32, 32, false, 1)
 MVQ_KERNELS(gen, 8, true, 2)  // any type, R <= 8
 
 // x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared
 // memory). need: bit 0 blocks of 32, bit 1 blocks of 256. block = 256, grid = ceil(R * K/256 / 8).
 FORGE_KERNEL void mvq_quant(const float* __restrict__ x, u8* __restrict__ xg, int K, int R,
                             int need) {
+    FORGE_GRID_WAIT();
     const int rs = R * K + R * K / 4, groups = blockDim.x >> 5;
     mvq_quantize(x, K, R, need, xg, 0, (need & 1) ? rs : 0, blockIdx.x * groups,
                  gridDim.x * groups);

@@ -5,6 +5,7 @@
 
 FORGE_KERNEL void rms_norm(const float* x, const float* __restrict__ w, float* y, int n,
                            float eps) {
+    FORGE_GRID_WAIT();
     __shared__ float scratch[32];
     const float* xr = x + (i64)blockIdx.x * n;
     float* yr = y + (i64)blockIdx.x * n;

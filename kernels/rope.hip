@@ -14,6 +14,7 @@ FORGE_DEV void rope_pair(float* x, int a, int b, float theta) {
 
 FORGE_KERNEL void rope_norm(float* x, const i32* __restrict__ pos, int n_heads, int head_dim,
                             int n_rot, float base, float freq_scale) {
+    FORGE_GRID_WAIT();
     float* xh = x + ((i64)blockIdx.y * n_heads + blockIdx.x) * head_dim;
     float p = (float)pos[blockIdx.y] * freq_scale;
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
@@ -23,6 +24,7 @@ FORGE_KERNEL void rope_norm(float* x, const i32* __restrict__ pos, int n_heads, 
 
 FORGE_KERNEL void rope_neox(float* x, const i32* __restrict__ pos, int n_heads, int head_dim,
                             int n_rot, float base, float freq_scale) {
+    FORGE_GRID_WAIT();
     float* xh = x + ((i64)blockIdx.y * n_heads + blockIdx.x) * head_dim;
     float p = (float)pos[blockIdx.y] * freq_scale;
     int half = n_rot / 2;

@@ -256,6 +256,7 @@ FORGE_DEV double param_d(const i32* prm, int stride, int pr, int f) {
 FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __restrict__ logits,
     int n, const i32* __restrict__ prm, int stride, const i32* __restrict__ rowidx,
     i32* __restrict__ out) {
+    FORGE_GRID_WAIT();
     __shared__ int hist[SMP_BINS];
     __shared__ float cv[SMP_CAP], sv[SMP_CAP];
     __shared__ int ci[SMP_CAP], si[SMP_CAP];

@@ -81,8 +81,9 @@ class FakeRuntime:
         assert f" {name}(" in src or f"({name.split('_', 1)[-1]}," in src, name
         return Kernel(None, name, signature)
 
-    def launch(self, kernel, grid, block, args, shared=0, stream=None):
+    def launch(self, kernel, grid, block, args, shared=0, stream=None, overlap=False):
         ArgPack(kernel.signature, args)  # raises on a wrong argument count or type
+        assert overlap == (self.capturing and kernel.overlaps)  # only graph launches overlap
         assert all(int(g) >= 1 for g in grid) and int(block[0]) <= 1024
         self.launches.append((kernel.name, tuple(grid), self.capturing))
 

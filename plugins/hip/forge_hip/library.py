@@ -5,7 +5,7 @@ Signature letters (see runtime.base): p pointer, i int32, u uint32, q int64, f f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from forge.errors import UsageError
 from forge_hip.runtime.base import Kernel, Runtime
@@ -116,6 +116,8 @@ class KernelLibrary:
             binary = self.runtime.compile(load_source(desc.source, desc.directory), desc.source)
             self._modules[mod_key] = self.runtime.load(binary)
         kernel = self.runtime.function(self._modules[mod_key], desc.function, desc.signature)
+        if desc.directory is None:  # forge's own kernels all start with FORGE_GRID_WAIT()
+            kernel = replace(kernel, overlaps=True)
         self._kernels[key] = kernel
         return kernel
 
@@ -129,5 +131,6 @@ class KernelLibrary:
             binary = self.runtime.compile(load_source(source), source)
             self._modules[source] = self.runtime.load(binary)
         kernel = self.runtime.function(self._modules[source], name, signature)
+        kernel = replace(kernel, overlaps=True)
         self._kernels[name] = kernel
         return kernel

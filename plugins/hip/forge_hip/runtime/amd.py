@@ -198,7 +198,9 @@ class HipRuntime(Runtime):
         )
         return Kernel(fn, name, signature)
 
-    def launch(self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None) -> None:
+    def launch(
+        self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None, overlap=False
+    ) -> None:
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
         check(

@@ -87,11 +87,14 @@ class DeviceBuffer:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A loaded kernel function and the signature its arguments are packed with."""
+    """A loaded kernel function and the signature its arguments are packed with. `overlaps`: its
+    first statement is forge_hip.h's FORGE_GRID_WAIT(), so it may be launched to overlap the end of
+    the kernel before it (every kernel of forge's kernels/; not third-party ones)."""
 
     handle: Any
     name: str
     signature: str
+    overlaps: bool = False
 
 
 class Runtime(ABC):
@@ -174,8 +177,11 @@ class Runtime(ABC):
         args: Sequence[Any],
         shared: int = 0,
         stream: Any = None,
+        overlap: bool = False,
     ) -> None:
-        """Launch a kernel asynchronously on `stream`."""
+        """Launch a kernel asynchronously on `stream`. `overlap` (for kernels that `overlaps`):
+        let it start before the previous kernel on the stream completes where the platform can
+        (NVIDIA sm_90+ programmatic dependent launch); elsewhere a plain launch."""
 
     # graphs
     @abstractmethod

@@ -90,6 +90,12 @@ class CudaRuntime(Runtime):
         self._modules: list[Any] = []
         self._closed = False
         self.props = self._read_props()
+        # Programmatic dependent launch (sm_90+): a launch may overlap the previous kernel's end.
+        self._pdl = int(self.props.arch.removeprefix("sm_")) >= 90
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        self._pdl_attr = attr
 
     def _attr(self, attr: str) -> int:
         a = getattr(self._drv.CUdevice_attribute, attr)
@@ -201,9 +207,23 @@ class CudaRuntime(Runtime):
         )
         return Kernel(fn, name, signature)
 
-    def launch(self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None) -> None:
+    def launch(
+        self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None, overlap=False
+    ) -> None:
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
+        if overlap and self._pdl:
+            drv = self._drv
+            cfg = drv.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+            cfg.sharedMemBytes = shared
+            cfg.hStream = stream or 0
+            cfg.attrs = [self._pdl_attr]
+            cfg.numAttrs = 1
+            status = drv.cuLaunchKernelEx(cfg, kernel.handle, pack.address, 0)
+            check(status, f"launch {kernel.name}")
+            return
         check(
             self._drv.cuLaunchKernel(kernel.handle, *g, *b, shared, stream or 0, pack.address, 0),
             f"launch {kernel.name}",

@@ -1,0 +1,73 @@
+"""Every kernel of kernels/*.hip starts with FORGE_GRID_WAIT(), so a captured decode step may
+launch each one to overlap its predecessor's end (forge_hip.library marks them all `overlaps`).
+A kernel without the wait would read its inputs before the kernel producing them had finished.
+Also checks what the launcher does with the flag (on a recording runtime, no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from forge_hip.executor import GraphCache, Launcher
+from forge_hip.runtime.base import Kernel
+from forge_hip.sources import kernel_dir, source_names
+
+KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?\b(\w+)\s*\([^)]*\)\s*\{")
+
+
+def kernel_bodies(text: str) -> list[tuple[str, str]]:
+    """(name, text after the opening brace) of each kernel definition; macro line ends removed."""
+    text = text.replace("\\\n", "\n")
+    text = re.sub(r"//[^\n]*", "", text)
+    return [(m.group(1), text[m.end() :]) for m in KERNEL.finditer(text)]
+
+
+@pytest.mark.parametrize("source", source_names())
+def test_every_kernel_waits_first(source):
+    bodies = kernel_bodies((kernel_dir() / source).read_text())
+    assert bodies, f"no kernels found in {source}"
+    late = [name for name, body in bodies if not body.lstrip().startswith("FORGE_GRID_WAIT();")]
+    assert not late, f"{source}: kernels not starting with FORGE_GRID_WAIT(): {late}"
+
+
+def test_the_check_sees_a_missing_wait():
+    ok = "FORGE_KERNEL void a(float* x) {\n    FORGE_GRID_WAIT();\n    x[0] = 1;\n}\n"
+    bad = "FORGE_KERNEL void __launch_bounds__(256) b(float* x, int n) {\n    x[0] = 1;\n}\n"
+    found = kernel_bodies(ok + bad)
+    assert [n for n, _ in found] == ["a", "b"]
+    assert [body.lstrip().startswith("FORGE_GRID_WAIT();") for _, body in found] == [True, False]
+
+
+class RecordingRuntime:
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, kernel, grid, block, args, shared=0, stream=None, overlap=False):
+        self.calls.append((kernel.name, overlap))
+
+    def begin_capture(self, stream):
+        self.calls.append(("begin", False))
+
+    def end_capture(self, stream):
+        return "graph"
+
+    def replay(self, graph, stream):
+        self.calls.append(("replay", False))
+
+
+def test_only_captured_launches_of_overlapping_kernels_overlap():
+    rt = RecordingRuntime()
+    launch = Launcher(rt, stream=None)
+    ours, theirs = Kernel(None, "ours", "", overlaps=True), Kernel(None, "theirs", "")
+
+    def step():
+        launch(ours, (1,), (32,), [])
+        launch(theirs, (1,), (32,), [])
+
+    launch(ours, (1,), (32,), [])
+    GraphCache(launch).run(1, step)
+    launch.overlap = False
+    GraphCache(launch).run(1, step)
+    expected = [("ours", False), ("begin", False), ("ours", True), ("theirs", False)]
+    expected += [("replay", False), ("begin", False), ("ours", False), ("theirs", False)]
+    assert rt.calls == [*expected, ("replay", False)]
