@@ -94,6 +94,63 @@ def product_timings(runner, rows: int, tiles: list[int | None], reps: int = 5) -
     return out
 
 
+# Kernel groups of a batch-1 decode step whose in-graph cost decode_shares() measures. The output
+# head is the step's second-to-last launch (then sample_rows).
+SHARE_GROUPS = {
+    "layer products (mvq_multi)": lambda name, i, n: name.startswith("mvq_multi") and i != n - 2,
+    "gated products (mvq_glu)": lambda name, i, n: name.startswith("mvq_glu"),
+    "attention (attn_decode)": lambda name, i, n: name == "attn_decode",
+    "add_norm": lambda name, i, n: name == "add_norm",
+    "output head": lambda name, i, n: i == n - 2,
+    "embed + sample_rows": lambda name, i, n: name.startswith("embed") or name == "sample_rows",
+}
+
+
+def decode_shares(runner, table: np.ndarray, reps: int = 100) -> dict:
+    """Microseconds of a replayed batch-1 decode step, whole and with each kernel group left out
+    of the captured graph: what each group costs inside the graph, gaps included (event timings
+    around single launches cannot tell that). The step's numbers are wrong without a group; only
+    its time is used."""
+    from forge.backend import SeqBatch
+
+    plan, launcher, rt, stream = runner.plan, runner.launch, runner.rt, runner.stream
+    rows, _, n_bt = runner._prepare([SeqBatch(np.array([7], np.int32), 128, table)])
+    runner.meta.upload(n_bt, stream)
+    names: list[str] = []
+    plan.launch = lambda k, g, b, a: names.append(k.name)
+    runner._decode_step(rows)  # records the launch order only
+    n = len(names)
+
+    def step_us(leave_out) -> float:
+        order = iter(range(n))
+
+        def launch(kernel, grid, block, args):
+            if not leave_out(kernel.name, next(order), n):
+                launcher(kernel, grid, block, args)
+
+        plan.launch = launch
+        runner.graphs.clear()
+        runner.graphs.run("shares", lambda: runner._decode_step(rows))
+        graph = runner.graphs.graphs["shares"]
+        start, end = rt.event(), rt.event()
+        rt.replay(graph, stream)
+        rt.record(start, stream)
+        for _ in range(reps):
+            rt.replay(graph, stream)
+        rt.record(end, stream)
+        return 1e3 * rt.elapsed_ms(start, end) / reps
+
+    try:
+        whole = step_us(lambda name, i, n: False)
+        out = {"whole step": round(whole, 1)}
+        for label, pred in SHARE_GROUPS.items():
+            out[label] = round(whole - step_us(pred), 1)
+    finally:
+        plan.launch = launcher
+        runner.graphs.clear()
+    return out
+
+
 def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) -> dict:
     import forge
     from forge.backend import SeqBatch
@@ -144,6 +201,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     decode(8)  # warm-up: captures the batch-1 graph
     tg = min(decode(128) for _ in range(2))
     kernels_per_step = runner.graphs.kernels.get(1)
+    shares = decode_shares(runner, table)
     prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
     step_ms = sum(ms for _, ms in prof.values())
     nbytes = bytes_per_token(spec, model.gguf)
@@ -168,6 +226,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         },  # fmt: skip
         "kernels_per_decode_step": kernels_per_step,
         "profiled_step_ms_sum": round(step_ms, 4),
+        "decode_step_us_by_group": shares,
         "kernel_ms": {
             k: [n, round(ms, 4)] for k, (n, ms) in sorted(prof.items(), key=lambda kv: -kv[1][1])
         },  # fmt: skip
@@ -203,6 +262,8 @@ def main() -> int:
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
               f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
               f"{m['decode_tg128_tok_s_no_overlap']})")  # fmt: skip
+        print("   decode step in the graph (us, whole and per group):",
+              ", ".join(f"{k} {v}" for k, v in m["decode_step_us_by_group"].items()))  # fmt: skip
         top = list(m["kernel_ms"].items())[:6]
         print(
             "   top kernels (launches, ms):", ", ".join(f"{k} {n}x {ms:.3f}" for k, (n, ms) in top)
