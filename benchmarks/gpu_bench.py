@@ -197,6 +197,11 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     decode(8)
     tg_plain = min(decode(128) for _ in range(2))
     runner.launch.overlap = True
+    splits, runner.splits = runner.splits, 1  # A/B: decode attention in one split per head
+    runner.graphs.clear()
+    decode(8)
+    tg_one_split = min(decode(128) for _ in range(2))
+    runner.splits = splits
     runner.graphs.clear()
     decode(8)  # warm-up: captures the batch-1 graph
     tg = min(decode(128) for _ in range(2))
@@ -213,6 +218,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         "decode_tg128_tok_s": round(tok_s, 1),
         "decode_ms_per_token": round(1e3 * tg / 128, 4),
         "decode_tg128_tok_s_no_overlap": round(128 / tg_plain, 1),
+        "decode_tg128_tok_s_one_split": round(128 / tg_one_split, 1),
         "decode_bandwidth_GBs": round(nbytes * tok_s / 1e9, 1),
         "decode_floor_tok_s": round(bandwidth / nbytes, 1),
         "prefill_pp512_tok_s": round(512 / pp, 1),
@@ -261,7 +267,8 @@ def main() -> int:
         print(f"{m['model']:28s} {m['decode_tg128_tok_s']:12.1f} {m['decode_bandwidth_GBs']:7.0f} "
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
               f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
-              f"{m['decode_tg128_tok_s_no_overlap']})")  # fmt: skip
+              f"{m['decode_tg128_tok_s_no_overlap']}; attention in one split: "
+              f"{m['decode_tg128_tok_s_one_split']})")  # fmt: skip
         print("   decode step in the graph (us, whole and per group):",
               ", ".join(f"{k} {v}" for k, v in m["decode_step_us_by_group"].items()))  # fmt: skip
         top = list(m["kernel_ms"].items())[:6]

@@ -24,11 +24,22 @@
 #define ATT_SPLIT_MIN 128  // positions per split at least
 #define ATT_NEG (-3.402823466e38f)
 
+// rc[2 i], rc[2 i + 1] = cos, sin of rotation i of n_rot / 2 at position p (the whole block
+// calls it; no barrier: norm_rope's first barrier orders it before any use).
+FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base) {
+    for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
+        rc[2 * i] = cosf(theta);
+        rc[2 * i + 1] = sinf(theta);
+    }
+}
+
 // dst[i] = post * rope(rmsnorm(src) * nw)[i] over one head of D (norm only when nw, rotation of
-// the first n_rot dims at position p). The whole block calls it; hs is D floats of shared scratch
-// (not dst); ends with a barrier. dst may be global or shared.
+// the first n_rot dims at position p, or by the rope_table rc when given). The whole block calls
+// it; hs is D floats of shared scratch (not dst); ends with a barrier. dst may be global or shared.
 FORGE_DEV void norm_rope(const float* src, const float* nw, float* hs, float* dst, float* scratch,
-                         int D, int n_rot, int neox, float p, float base, float eps, float post) {
+                         int D, int n_rot, int neox, float p, float base, float eps, float post,
+                         const float* rc = nullptr) {
     float ss = 0.0f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         hs[d] = src[d];
@@ -40,8 +51,15 @@ FORGE_DEV void norm_rope(const float* src, const float* nw, float* hs, float* ds
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         if (i < half) {
             const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
-            const float c = cosf(theta), s = sinf(theta);
+            float c, s;
+            if (rc) {
+                c = rc[2 * i];
+                s = rc[2 * i + 1];
+            } else {
+                const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
+                c = cosf(theta);
+                s = sinf(theta);
+            }
             float x0 = hs[a], x1 = hs[b];
             if (nw) {
                 x0 *= inv * nw[a];
@@ -139,6 +157,26 @@ FORGE_DEV float elem(const V4* w, int i) {
         return h2f((u16)(i % 2 ? x >> 16 : x & 0xffffu));
     }
     return bits_to_float(word(w[i / 4], i % 4));
+}
+
+// Start moving the cached K and V rows of positions [begin, end) of KV head kvh into L2 (the
+// whole block shares the work; NVIDIA only, a no-op elsewhere). eb: bytes per cache element.
+FORGE_DEV void att_prefetch(const AttArgs& a, int eb) {
+#if defined(FORGE_NV)
+    const int kl = (a.D * eb + 127) / 128, vl = (a.Dv * eb + 127) / 128, per = kl + vl;
+    for (int t = threadIdx.x; t < (a.end - a.begin) * per; t += blockDim.x) {
+        const int p = a.begin + t / per, line = t % per;
+        const i64 slot = (i64)a.table[p / a.block_size] * a.block_size + p % a.block_size;
+        const char* at = line < kl ? (const char*)a.kc + ((slot * a.Hkv + a.kvh) * a.D) * eb
+                                          + 128 * line
+                                   : (const char*)a.vc + ((slot * a.Hkv + a.kvh) * a.Dv) * eb
+                                          + 128 * (line - kl);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    }
+#else
+    (void)a;
+    (void)eb;
+#endif
 }
 
 // Online-softmax attention of each warp over its chunks of [begin, end). A warp holds
@@ -351,8 +389,7 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
     const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
     float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
     float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
-    FORGE_GRID_WAIT();
-    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D];
+    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D], rc[LAYER_MAX_D];
     __shared__ float scratch[32];
     __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
@@ -361,13 +398,32 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
     const int n_kv = pos[r] + 1, group = H / Hkv, kvh = h / group;
     const int nwarps = blockDim.x / FORGE_WARP;
     const AttSplit sp = att_split(n_kv, window, s, gridDim.z);
-    if (s >= sp.n_eff) return;
-    const float p = (float)pos[r] * freq_scale;
-    norm_rope(q + ((i64)r * H + h) * D, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale);
     const bool has_self = sp.begin < sp.end && sp.end == n_kv;  // uniform over the block
+    AttArgs a;
+    a.kc = kc;
+    a.vc = vc;
+    a.table = bt + btoff[r];
+    a.block_size = block_size;
+    a.Hkv = Hkv;
+    a.kvh = kvh;
+    a.D = D;
+    a.Dv = Dv;
+    a.begin = sp.begin;
+    a.end = has_self ? n_kv - 1 : sp.end;  // cached positions only
+    const float p = (float)pos[r] * freq_scale;
+    // Before the wait, while the Q/K/V product still runs: only the step's metadata (copied in
+    // before the graph) and K/V rows of earlier positions (final since their steps) are read.
+    if (s < sp.n_eff) {
+        att_prefetch(a, kv_f16 ? 2 : 4);
+        rope_table(rc, n_rot, p, base);
+    }
+    FORGE_GRID_WAIT();
+    if (s >= sp.n_eff) return;
+    norm_rope(q + ((i64)r * H + h) * D, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale,
+              rc);
     if (has_self) {  // the row's own K/V: one more entry of the merge, index nwarps
         norm_rope(k + ((i64)r * Hkv + kvh) * D, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps,
-                  1.0f);
+                  1.0f, rc);
         const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
         const i64 slot = slots[r];
         const bool store = h % group == 0;
@@ -390,17 +446,6 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
             wl[nwarps] = 1.0f;
         }
     }
-    AttArgs a;
-    a.kc = kc;
-    a.vc = vc;
-    a.table = bt + btoff[r];
-    a.block_size = block_size;
-    a.Hkv = Hkv;
-    a.kvh = kvh;
-    a.D = D;
-    a.Dv = Dv;
-    a.begin = sp.begin;
-    a.end = has_self ? n_kv - 1 : sp.end;  // cached positions only
     if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
     else attend_any<false>(a, qs, wm, wl, wacc);
     att_finish(wm, wl, wacc, nwarps + (has_self ? 1 : 0), Dv, sp.n_eff, s, gridDim.z,

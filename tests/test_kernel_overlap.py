@@ -1,7 +1,9 @@
 """Every kernel of kernels/*.hip starts with FORGE_GRID_WAIT(), so a captured decode step may
 launch each one to overlap its predecessor's end (forge_hip.library marks them all `overlaps`).
 A kernel without the wait would read its inputs before the kernel producing them had finished.
-Also checks what the launcher does with the flag (on a recording runtime, no GPU needed)."""
+The few kernels that do useful work before the wait are listed here with what they read there;
+a new one must be reviewed and added. Also checks what the launcher does with the flag (on a
+recording runtime, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,12 @@ import pytest
 from forge_hip.executor import GraphCache, Launcher
 from forge_hip.runtime.base import Kernel
 from forge_hip.sources import kernel_dir, source_names
+
+# kernel -> what it reads before FORGE_GRID_WAIT() (nothing an earlier kernel of the step writes)
+EARLY_WORK = {
+    "attn_decode": "the step's row metadata and K/V cache rows of earlier positions (L2 prefetch, "
+    "RoPE table)",
+}
 
 KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?\b(\w+)\s*\([^)]*\)\s*\{")
 
@@ -27,7 +35,11 @@ def test_every_kernel_waits_first(source):
     bodies = kernel_bodies((kernel_dir() / source).read_text())
     assert bodies, f"no kernels found in {source}"
     late = [name for name, body in bodies if not body.lstrip().startswith("FORGE_GRID_WAIT();")]
-    assert not late, f"{source}: kernels not starting with FORGE_GRID_WAIT(): {late}"
+    unlisted = [name for name in late if name not in EARLY_WORK]
+    assert not unlisted, f"{source}: kernels not starting with FORGE_GRID_WAIT(): {unlisted}"
+    for name in late:  # a listed kernel still waits before its first dependent read
+        body = dict(bodies)[name]
+        assert "FORGE_GRID_WAIT();" in body[: body.find("\nFORGE_KERNEL")], name
 
 
 def test_the_check_sees_a_missing_wait():
