@@ -10,8 +10,12 @@
 // Temperature 0 is the argmax (lowest id among ties). A row holding NaN or +inf, or only -inf,
 // gets -1 (the host raises).
 //
-// Per row r (one block of SMP_THREADS threads), parameter row pr = rowidx ? rowidx[r] : r, and
-// field f of it at prm[f * stride + pr] (int32 words; doubles as two words, low word first).
+// Per row r (blocks (r, 0 .. P - 1) of SMP_THREADS threads: grid = (rows, P)), parameter row
+// pr = rowidx ? rowidx[r] : r, and field f of it at prm[f * stride + pr] (int32 words; doubles as
+// two words, low word first). The P blocks of a row find the max of one slice each (the whole
+// of a greedy pick, which is one pass over the row: P blocks read it P times faster); the last
+// of them to finish, found through cnt[r] (zero between launches), merges their results from
+// part [rows, P, 3] and goes on alone with what the row's sampling needs.
 //
 // How: a histogram of distances below the max (bins of 1/SMP_SCALE) bounds the set the stages
 // can keep; when that set has at most SMP_CAP tokens (the usual case: top_k, min_p or a peaked
@@ -255,7 +259,7 @@ FORGE_DEV double param_d(const i32* prm, int stride, int pr, int f) {
 
 FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __restrict__ logits,
     int n, const i32* __restrict__ prm, int stride, const i32* __restrict__ rowidx,
-    i32* __restrict__ out) {
+    i32* __restrict__ out, i32* __restrict__ part, u32* __restrict__ cnt) {
     FORGE_GRID_WAIT();
     __shared__ int hist[SMP_BINS];
     __shared__ float cv[SMP_CAP], sv[SMP_CAP];
@@ -269,15 +273,40 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
     const int pr = rowidx ? rowidx[blockIdx.x] : (int)blockIdx.x;
     const float temp = bits_to_float((u32)prm[F_TEMP * stride + pr]);
 
-    // 1. the max (lowest id among equals); NaN or +inf anywhere is an error
+    // 1. the max (lowest id among equals); NaN or +inf anywhere is an error. Block y of the row
+    // scans slice y; the last block of the row to finish merges the slices' results.
+    const int parts = gridDim.y, chunk = (n + parts - 1) / parts;
+    const int lo = min(n, (int)blockIdx.y * chunk), hi = min(n, lo + chunk);
     float mv = SMP_NEG;
     int mi = SMP_NONE, bad = 0;
-    for_row(x, n, [&](float v, int i) {
+    for_row(x + lo, hi - lo, [&](float v, int i) {
         bad |= (v != v) || v > 3.402823466e38f;
-        better(mv, mi, v, i);
+        better(mv, mi, v, lo + i);
     });
     bad = block_sum_i(bad, is);
     block_best(mv, mi, fs, is);
+    if (parts > 1) {
+        i32* mine = part + ((i64)blockIdx.x * parts + blockIdx.y) * 3;
+        if (tid == 0) {
+            mine[0] = (i32)float_to_bits(mv);
+            mine[1] = mi;
+            mine[2] = bad;
+        }
+        __threadfence();  // the slice's result is visible device-wide before the counter says so
+        __syncthreads();
+        if (tid == 0) sh[0] = atomicAdd(cnt + blockIdx.x, 1u) == (u32)(parts - 1);
+        __syncthreads();
+        if (!sh[0]) return;
+        __threadfence();
+        const volatile i32* all = part + (i64)blockIdx.x * parts * 3;
+        mv = SMP_NEG, mi = SMP_NONE, bad = 0;
+        for (int y = 0; y < parts; ++y) {
+            better(mv, mi, bits_to_float((u32)all[3 * y]), all[3 * y + 1]);
+            bad |= all[3 * y + 2];
+        }
+        __syncthreads();  // sh[0] read by every thread before later steps reuse it
+        if (tid == 0) cnt[blockIdx.x] = 0u;  // every block of this row has counted
+    }
     const float mx = mv;
     if (bad || mi == SMP_NONE || !(temp > 0.0f)) {
         if (tid == 0) out[blockIdx.x] = bad || mi == SMP_NONE ? -1 : mi;

@@ -28,16 +28,20 @@ def _params(rt, picks):
     return meta
 
 
-def sample(rt, lib, dev, logits, picks):
-    """Picked ids of each row of `logits` [rows, n]."""
+def sample(rt, lib, dev, logits, picks, parts=1, launches=1):
+    """Picked ids of each row of `logits` [rows, n], the max pass split over `parts` blocks per
+    row; `launches` > 1 repeats the launch (the slice counters must be back at zero)."""
     rows, n = logits.shape
     meta = _params(rt, picks)
     try:
         out = dev.poisoned(4 * rows)
+        part, cnt = dev.poisoned(12 * rows * parts), dev.put(np.zeros(rows, np.uint32))
         ptr, stride = meta.params
-        rt.launch(lib.get("sample_rows"), (rows,), (SAMPLE_THREADS,),
-                  [dev.put(np.ascontiguousarray(logits, np.float32)), n, ptr, stride, 0,
-                   out])  # fmt: skip
+        x = dev.put(np.ascontiguousarray(logits, np.float32))
+        for _ in range(launches):
+            rt.launch(lib.get("sample_rows"), (rows, parts), (SAMPLE_THREADS,),
+                      [x, n, ptr, stride, 0, out, part, cnt])  # fmt: skip
+        np.testing.assert_array_equal(dev.get(cnt, (rows,), np.uint32), 0)
         return dev.get(out, (rows,), np.int32)
     finally:
         meta.close()
@@ -56,8 +60,9 @@ def kept_set(row, pick):
     return np.flatnonzero(work > -np.inf)
 
 
+@pytest.mark.parametrize("parts", [1, 7, 32])
 @pytest.mark.parametrize("n", [GEMMA_VOCAB, 151937, 535])
-def test_top_k_1_and_temperature_0_are_the_argmax(rt, lib, dev, n):
+def test_top_k_1_and_temperature_0_are_the_argmax(rt, lib, dev, n, parts):
     rng = np.random.default_rng()
     rows = 24
     logits = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
@@ -65,12 +70,13 @@ def test_top_k_1_and_temperature_0_are_the_argmax(rt, lib, dev, n):
     keys = rng.integers(0, 2**63, rows)
     picks = [DeviceSampling(0.8, 1, 0.95, 0.05, key=int(k), counter=i) for i, k in enumerate(keys)]
     want = np.argmax(logits, axis=1)
-    got = sample(rt, lib, dev, logits, picks)
+    got = sample(rt, lib, dev, logits, picks, parts)
     # top_k keeps ties with the k-th (as forge.sampling's TopK does): the draw takes either
     assert got[1] in (7, n - 1)
     np.testing.assert_array_equal(np.delete(got, 1), np.delete(want, 1))
-    # temperature 0: the argmax, the lowest id among ties
-    np.testing.assert_array_equal(sample(rt, lib, dev, logits, [DeviceSampling()] * rows), want)
+    # temperature 0: the argmax, the lowest id among ties (here in different slices)
+    greedy = sample(rt, lib, dev, logits, [DeviceSampling()] * rows, parts, launches=3)
+    np.testing.assert_array_equal(greedy, want)
 
 
 CONFIGS = [
@@ -89,8 +95,9 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("parts", [1, 32])
 @pytest.mark.parametrize("t,k,p,mp,n,scale", CONFIGS)
-def test_picks_equal_the_host_reference(rt, lib, dev, t, k, p, mp, n, scale):
+def test_picks_equal_the_host_reference(rt, lib, dev, t, k, p, mp, n, scale, parts):
     rng = np.random.default_rng()
     rows = 16
     if scale == "ties":
@@ -100,7 +107,7 @@ def test_picks_equal_the_host_reference(rt, lib, dev, t, k, p, mp, n, scale):
     logits = logits.astype(np.float32)
     picks = [DeviceSampling(t, k, p, mp, key=int(rng.integers(2**63)), counter=int(c))
              for c in rng.integers(0, 2**32, rows)]  # fmt: skip
-    got = sample(rt, lib, dev, logits, picks)
+    got = sample(rt, lib, dev, logits, picks, parts)
     want = [sample_host(row, pk) for row, pk in zip(logits, picks)]
     for row, pk, g in zip(logits, picks, got):
         assert g in set(kept_set(row, pk).tolist()), (g, pk)
@@ -168,15 +175,16 @@ def test_same_key_and_counter_same_ids(rt, lib, dev):
     assert (a != sample(rt, lib, dev, logits, other)).sum() > rows // 2
 
 
-def test_bad_rows_give_minus_one(rt, lib, dev):
+@pytest.mark.parametrize("parts", [1, 6])
+def test_bad_rows_give_minus_one(rt, lib, dev, parts):
     n = 1000
     logits = np.zeros((4, n), np.float32)
-    logits[0, 17] = np.nan
+    logits[0, 917] = np.nan  # in the last slice of six
     logits[1, :] = -np.inf
     logits[2, 5] = np.inf
     logits[3, :] = -np.inf
-    logits[3, 42] = 1.0  # everything else masked: the one token left
+    logits[3, 842] = 1.0  # everything else masked: the one token left
     picks = [DeviceSampling(0.8, 40, 0.9, 0.05, key=1, counter=i) for i in range(4)]
-    np.testing.assert_array_equal(sample(rt, lib, dev, logits, picks), [-1, -1, -1, 42])
-    np.testing.assert_array_equal(sample(rt, lib, dev, logits, [DeviceSampling()] * 4),
-                                  [-1, -1, -1, 42])  # fmt: skip
+    np.testing.assert_array_equal(sample(rt, lib, dev, logits, picks, parts), [-1, -1, -1, 842])
+    np.testing.assert_array_equal(sample(rt, lib, dev, logits, [DeviceSampling()] * 4, parts),
+                                  [-1, -1, -1, 842])  # fmt: skip

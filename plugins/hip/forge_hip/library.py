@@ -34,7 +34,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attn_rows": ("attention.hip", "ppppppppppiiiifii"),
     **{f"attn_prefill_{d}": ("attn_prefill.hip", "pppppppiiiiiifii") for d in (64, 128, 256)},
     "attn_decode": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii"),
-    "sample_rows": ("sampling.hip", "pipipp"),
+    "sample_rows": ("sampling.hip", "pipipppp"),
     "mv_multi": ("linear.hip", "pi"),
     "mv_glu": ("linear.hip", "pii"),
     "mm_tiled": ("linear.hip", "pii"),
@@ -96,6 +96,15 @@ def register_builtin(register) -> None:  # noqa: ANN001
 ATT_THREADS = 256  # block size of attention.hip's attn_rows / attn_decode (at most 256)
 ATT_MAX_D = 512  # attention.hip's LAYER_MAX_D: largest head dimension
 SAMPLE_THREADS = 1024  # sampling.hip's SMP_THREADS: sample_rows' block size
+SAMPLE_PARTS = 32  # most blocks that share the max pass over one row of logits
+SAMPLE_SLICE = 8192  # fewest logits per block of that pass
+
+
+def sample_parts(n_vocab: int, rows: int, compute_units: int) -> int:
+    """Blocks per row of sample_rows: enough to spread the max pass over the device (one block
+    reads a 262144-logit row in ~30 us on an H200, latency-bound), without slices under
+    SAMPLE_SLICE logits or more blocks than two per compute unit over all rows."""
+    return max(1, min(SAMPLE_PARTS, n_vocab // SAMPLE_SLICE, 2 * compute_units // max(1, rows)))
 
 
 class KernelLibrary:

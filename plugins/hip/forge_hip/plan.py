@@ -27,6 +27,7 @@ from forge_hip.library import (
     SAMPLE_THREADS,
     TYPE_IDS,
     KernelLibrary,
+    sample_parts,
 )
 from forge_hip.workspace import PART_ROWS, Workspace
 
@@ -342,6 +343,7 @@ class Plan:
         self.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows)
         if picks is not None:
             params, stride = picks
-            self.launch(self.op["sample_rows"], (rows,), (SAMPLE_THREADS,),
-                        [ws.logits, self.spec.n_vocab, params, stride, gather_idx or 0,
-                         ws.am])  # fmt: skip
+            parts = sample_parts(self.spec.n_vocab, rows, self.lib.runtime.props.compute_units)
+            self.launch(self.op["sample_rows"], (rows, parts), (SAMPLE_THREADS,),
+                        [ws.logits, self.spec.n_vocab, params, stride, gather_idx or 0, ws.am,
+                         ws.smp_part, ws.smp_cnt])  # fmt: skip

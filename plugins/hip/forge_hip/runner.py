@@ -124,6 +124,7 @@ class HipRunner(Runner):
             self.arena = WeightArena(self.rt, spec, gguf, progress)
             self.ws = Workspace(self.rt, spec)
             self.rt.copy_to_device(self.ws.att_cnt, np.zeros(ROW_CAP * spec.n_head, np.uint32))
+            self.rt.copy_to_device(self.ws.smp_cnt, np.zeros(out_rows(spec), np.uint32))
             self.stream = self.rt.stream()
             self.launch = Launcher(self.rt, self.stream)
             self.graphs = GraphCache(self.launch)

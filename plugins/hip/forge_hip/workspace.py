@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from forge.models.spec import ModelSpec
 from forge_hip.arena import align
+from forge_hip.library import SAMPLE_PARTS
 from forge_hip.runtime.base import DeviceBuffer, Runtime
 
 ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
@@ -44,6 +45,8 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "hg": 4 * o * s.n_embd,
         "logits": 4 * o * s.n_vocab,
         "am": 4 * o,
+        "smp_part": 4 * 3 * o * SAMPLE_PARTS,  # sample_rows' per-slice (max, id, bad)
+        "smp_cnt": 4 * o,  # sample_rows' slice counters (zero between launches)
         "descs": 8 * DESC_LEN * n_desc,
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
         "xq": 2 * (8 * widest + 2 * widest),  # int8 x of decode products (mmv.hip), 8 rows
