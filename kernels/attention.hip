@@ -188,7 +188,9 @@ FORGE_DEV void att_prefetch(const AttArgs& a, int eb) {
 template <int LPP, int VPL, bool F16>
 FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
     constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = F16 ? VPL : 2 * VPL;
-    constexpr int U = VPL == 2 ? 2 : 4;  // position steps loaded at once
+    // position steps loaded at once: 8 when a warp holds one position (wide heads) of a float16
+    // cache, so that a 16-position chunk takes two rounds of loads, not four
+    constexpr int U = VPL == 2 ? 2 : (G == 1 && F16 ? 8 : 4);
     constexpr int CH = G * U > 16 ? G * U : 16;  // positions a warp takes at once
     const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
     const int nwarps = blockDim.x / FORGE_WARP, e = lane % LPP, grp = lane / LPP;
@@ -419,12 +421,22 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
     }
     FORGE_GRID_WAIT();
     if (s >= sp.n_eff) return;
-    norm_rope(q + ((i64)r * H + h) * D, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale,
-              rc);
+    // the row's q head, and its k and v heads when this block holds its position, in one round
+    // trip (each thread reads back only the elements it stored here)
+    const float* qsrc = q + ((i64)r * H + h) * D;
+    const float* ksrc = k + ((i64)r * Hkv + kvh) * D;
+    const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
+    float* vs = wacc + nwarps * LAYER_MAX_D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        qs[d] = qsrc[d];
+        if (has_self) ks[d] = ksrc[d];
+    }
+    if (has_self) {
+        for (int d = threadIdx.x; d < Dv; d += blockDim.x) vs[d] = vsrc[d];
+    }
+    norm_rope(qs, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale, rc);
     if (has_self) {  // the row's own K/V: one more entry of the merge, index nwarps
-        norm_rope(k + ((i64)r * Hkv + kvh) * D, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps,
-                  1.0f, rc);
-        const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
+        norm_rope(ks, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps, 1.0f, rc);
         const i64 slot = slots[r];
         const bool store = h % group == 0;
         float dot = 0.0f;
@@ -434,9 +446,9 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
             if (store && kv_f16) ((u16*)kc)[(slot * Hkv + kvh) * D + d] = f2h(x);
             else if (store) ((float*)kc)[(slot * Hkv + kvh) * D + d] = x;
         }
-        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
-            const float y = kv_f16 ? h2f(f2h(vsrc[d])) : vsrc[d];
-            wacc[nwarps * LAYER_MAX_D + d] = y;
+        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {  // vs[d]: this thread's own
+            const float y = kv_f16 ? h2f(f2h(vs[d])) : vs[d];
+            vs[d] = y;
             if (store && kv_f16) ((u16*)vc)[(slot * Hkv + kvh) * Dv + d] = f2h(y);
             else if (store) ((float*)vc)[(slot * Hkv + kvh) * Dv + d] = y;
         }

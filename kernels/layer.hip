@@ -2,34 +2,66 @@
 // at once (attention, with its Q/K norm, RoPE and KV store, is in attention.hip).
 #include "forge_hip.h"
 
+#define AN_PER 32  // elements of a row each thread holds (forge_hip.plan.ADD_NORM_PER)
+
+// Sum over the block; with a single warp, shuffles only (no barrier).
+FORGE_DEV float row_sum(float v, float* scratch) {
+    return blockDim.x <= FORGE_WARP ? warp_sum(v) : block_sum(v, scratch);
+}
+
 // x[r] += (w_post ? rmsnorm(o[r]) * w_post : o[r])   (when o is given)
 // h[r] = rmsnorm(x[r]) * w_next                        (when w_next is given)
-// Launch: grid = R, block = any multiple of the warp size up to 1024.
-// Each thread touches only its own elements, so no barrier is needed between the steps.
+// Launch: grid = R, block = a multiple of the warp size, at most 1024, with
+// blockDim.x * AN_PER >= n (forge_hip.plan.add_norm_threads: one warp for rows up to 1024).
+// Each thread holds elements t, t + blockDim.x, ... of the row in registers: one round trip
+// loads the row, the weights are loaded before the wait (they are no kernel's output).
 FORGE_KERNEL void add_norm(float* __restrict__ x, const float* __restrict__ o,
                            const float* __restrict__ w_post, const float* __restrict__ w_next,
                            float* __restrict__ h, int n, float eps) {
-    FORGE_GRID_WAIT();
     __shared__ float scratch[32];
+    const int t = threadIdx.x, T = blockDim.x;
+    float xv[AN_PER], ov[AN_PER], wp[AN_PER], wn[AN_PER];
+#pragma unroll
+    for (int j = 0; j < AN_PER; ++j) {
+        const int i = t + j * T;
+        wp[j] = w_post && i < n ? w_post[i] : 0.0f;
+        wn[j] = w_next && i < n ? w_next[i] : 0.0f;
+    }
+    FORGE_GRID_WAIT();
     float* xr = x + (i64)blockIdx.x * n;
+    const float* orow = o ? o + (i64)blockIdx.x * n : nullptr;
+#pragma unroll
+    for (int j = 0; j < AN_PER; ++j) {
+        const int i = t + j * T;
+        xv[j] = i < n ? xr[i] : 0.0f;
+        ov[j] = orow && i < n ? orow[i] : 0.0f;
+    }
     if (o) {
-        const float* orow = o + (i64)blockIdx.x * n;
         float inv = 1.0f;
         if (w_post) {
             float ss = 0.0f;
-            for (int i = threadIdx.x; i < n; i += blockDim.x) ss += orow[i] * orow[i];
-            inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+            for (int j = 0; j < AN_PER; ++j) ss += ov[j] * ov[j];
+            inv = rsqrtf(row_sum(ss, scratch) / (float)n + eps);
         }
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            xr[i] += w_post ? orow[i] * inv * w_post[i] : orow[i];
+#pragma unroll
+        for (int j = 0; j < AN_PER; ++j) {
+            const int i = t + j * T;
+            xv[j] += w_post ? ov[j] * inv * wp[j] : ov[j];
+            if (i < n) xr[i] = xv[j];
         }
     }
     if (w_next) {
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-        const float inv = rsqrtf(block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+        for (int j = 0; j < AN_PER; ++j) ss += xv[j] * xv[j];
+        const float inv = rsqrtf(row_sum(ss, scratch) / (float)n + eps);
         float* hr = h + (i64)blockIdx.x * n;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) hr[i] = xr[i] * inv * w_next[i];
+#pragma unroll
+        for (int j = 0; j < AN_PER; ++j) {
+            const int i = t + j * T;
+            if (i < n) hr[i] = xv[j] * inv * wn[j];
+        }
     }
 }
 

@@ -18,6 +18,7 @@ from forge_hip.sources import kernel_dir, source_names
 EARLY_WORK = {
     "attn_decode": "the step's row metadata and K/V cache rows of earlier positions (L2 prefetch, "
     "RoPE table)",
+    "add_norm": "its norm weights",
 }
 
 KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?\b(\w+)\s*\([^)]*\)\s*\{")

@@ -92,3 +92,39 @@ def test_argmax_first_of_ties(rt, lib, dev, n):
     out = dev.poisoned(rows * 4)
     rt.launch(lib.get("argmax"), (rows,), (1024,), [dev.put(x), n, out])
     np.testing.assert_array_equal(dev.get(out, (rows,), np.int32), np.argmax(x, axis=1))
+
+
+@pytest.mark.parametrize("n", [64, 640, 1000, 2050, 4096, 5120])
+@pytest.mark.parametrize("form", ["first", "post_norm", "plain_add", "add_only"])
+def test_add_norm(rt, lib, dev, n, form):
+    """layer.hip's add_norm with its planned block size: the residual update (with or without
+    the post-norm) and the next layer's norm, against float64."""
+    from forge_hip.plan import add_norm_threads
+
+    rng = np.random.default_rng()
+    rows, eps = 3, 1e-6
+    x = rng.standard_normal((rows, n)).astype(np.float32) * 2
+    o = rng.standard_normal((rows, n)).astype(np.float32) * 5
+    wp, wn = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    use_o, use_post, use_next = {
+        "first": (False, False, True), "post_norm": (True, True, True),
+        "plain_add": (True, False, True), "add_only": (True, True, False),
+    }[form]  # fmt: skip
+    xd, h = dev.put(x), dev.poisoned(x.nbytes)
+    args = [xd, dev.put(o) if use_o else 0, dev.put(wp) if use_post else 0,
+            dev.put(wn) if use_next else 0, h, n, eps]  # fmt: skip
+    threads = add_norm_threads(n, rt.props.warp_size)
+    assert threads * 32 >= n and threads % rt.props.warp_size == 0
+    rt.launch(lib.get("add_norm"), (rows,), (threads,), args)
+
+    def rms(v):
+        return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)
+
+    x64, o64 = x.astype(np.float64), o.astype(np.float64)
+    if use_o:
+        x64 = x64 + (rms(o64) * wp if use_post else o64)
+    assert rel_err(dev.get(xd, (rows, n)), x64) < 1e-6
+    if use_next:
+        assert rel_err(dev.get(h, (rows, n)), rms(x64) * wn) < 1e-6
+    else:
+        assert np.isnan(dev.get(h, (rows, n))).all()  # untouched poison

@@ -37,6 +37,14 @@ GEMM_N = 128  # gemm.hip's GB_N: weight rows per tensor-core tile
 GEMM_THREADS = 256
 ROPE_THREADS = 128
 NORM_THREADS = 256
+ADD_NORM_PER = 32  # layer.hip's AN_PER: elements of a row per thread of add_norm
+
+
+def add_norm_threads(n: int, warp: int) -> int:
+    """add_norm's block for rows of n: the fewest warps that hold the row in registers (one warp
+    up to 1024 elements on NVIDIA, where its sums need no barrier)."""
+    return warp * -(-n // (warp * ADD_NORM_PER))
+
 
 # Decode products (mmv.hip): int8 activations rounded like llama.cpp's, integer dot products.
 MVQ_THREADS = 256  # block size of the mvq_* kernels
@@ -299,8 +307,9 @@ class Plan:
         s, ws, op, L = self.spec, self.ws, self.op, self.launch
         e, eps = s.n_embd, s.rms_eps
         splits = max(1, min(splits, PART_ROWS // rows))
+        an = add_norm_threads(e, self.warp)
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
-        L(op["add_norm"], (rows,), (NORM_THREADS,),
+        L(op["add_norm"], (rows,), (an,),
           [ws.x, 0, 0, self.layers[0]["attn_norm"], ws.h, e, eps])  # fmt: skip
         for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
             kc, vc = kv.layer(i)
@@ -323,12 +332,12 @@ class Plan:
                        ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
                        *att])  # fmt: skip
             self.matmul(layer["wo"], 1, rows)
-            L(op["add_norm"], (rows,), (NORM_THREADS,),
+            L(op["add_norm"], (rows,), (an,),
               [ws.x, ws.o, layer["post_attn"], layer["ffn_norm"], ws.h, e, eps])  # fmt: skip
             self.glu(layer["gate_up"], rows)
             self.matmul(layer["down"], 1, rows)
             nxt = self.layers[i + 1]["attn_norm"] if i + 1 < s.n_layer else self.output_norm
-            L(op["add_norm"], (rows,), (NORM_THREADS,),
+            L(op["add_norm"], (rows,), (an,),
               [ws.x, ws.o, layer["post_ffn"], nxt, ws.h, e, eps])  # fmt: skip
 
     def output(self, rows: int, gather_idx: int | None, picks: tuple[int, int] | None) -> None:

@@ -24,7 +24,7 @@ from forge_hip.arena import WeightArena, layout, preflight
 from forge_hip.executor import GraphCache, Launcher
 from forge_hip.kv import KvCache, RowMeta, kv_bytes
 from forge_hip.library import KernelLibrary
-from forge_hip.plan import Plan
+from forge_hip.plan import ADD_NORM_PER, Plan
 from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows, workspace_bytes
 
 Pick = DeviceSampling | None
@@ -91,6 +91,8 @@ def check_spec(spec: ModelSpec) -> None:
         raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
     if spec.head_dim % 8 or spec.head_dim_v % 8:  # attention.hip reads K/V rows in 16-byte words
         raise UnsupportedModelError("hip needs head dims that are multiples of 8")
+    if spec.n_embd > 1024 * ADD_NORM_PER:  # add_norm holds a row in one block's registers
+        raise UnsupportedModelError(f"hip supports n_embd up to {1024 * ADD_NORM_PER}")
     if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
         raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
 
