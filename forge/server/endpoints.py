@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -73,12 +73,12 @@ async def _collect(gen: Generation, request: Request) -> list[TokenEvent]:
     events = []
     try:
         while True:
-            message = await gen.next()
-            if isinstance(message, Finished):
-                if message.finish_reason == "cancelled":
-                    raise APIError(499, "client disconnected")
-                return events
-            events.append(message)
+            for message in await gen.take():
+                if isinstance(message, Finished):
+                    if message.finish_reason == "cancelled":
+                        raise APIError(499, "client disconnected")
+                    return events
+                events.append(message)
     finally:
         watcher.cancel()
         gen.cancel()  # no-op once finished
@@ -88,22 +88,48 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _stream(gen: Generation, chunks, prefix: tuple = ()) -> AsyncIterator[str]:
-    """SSE lines: `prefix` chunks, then `chunks(message) -> list[dict]` for each message.
+_SLOT = "\ufdd0forge-slot\ufdd0"  # a noncharacter marks where `_sse_with_slot` puts its value
+
+
+def _sse_with_slot(chunk: dict) -> Callable[[str], str]:
+    """The SSE event of `chunk`, one of whose strings is `_SLOT`, as a function of that string:
+    the rest of the JSON is encoded once per response instead of once per event."""
+    before, after = _sse(chunk).split(json.dumps(_SLOT, ensure_ascii=False))
+    return lambda value: before + json.dumps(value, ensure_ascii=False) + after
+
+
+def _error_event(err: APIError) -> str:
+    return _sse({"error": {"message": err.message, "type": err.type, "param": None,
+                           "code": err.code}})  # fmt: skip
+
+
+async def _stream(
+    gen: Generation,
+    on_tokens: Callable[[list[TokenEvent]], str],
+    on_finish: Callable[[Finished], str],
+    prefix: str = "",
+) -> AsyncIterator[str]:
+    """SSE text: `prefix`, then for each batch of messages `gen.take()` gives, the events of
+    `on_tokens(token events)` and, at the end, of `on_finish(finished)` and ``data: [DONE]``,
+    all in one write. A stream that fell behind thus sends its queued tokens as one event.
     Cancelling the iterator (the client disconnected) cancels the sequence."""
     try:
-        for chunk in prefix:
-            yield _sse(chunk)
+        if prefix:
+            yield prefix
         while True:
-            message = await gen.next()
-            for chunk in chunks(message):
-                yield _sse(chunk)
-            if isinstance(message, Finished):
-                break
-        yield "data: [DONE]\n\n"
-    except APIError as err:
-        yield _sse({"error": {"message": err.message, "type": err.type, "param": None,
-                              "code": err.code}})  # fmt: skip
+            messages = await gen.take()
+            done = messages[-1] if isinstance(messages[-1], Finished) else None
+            events = messages[:-1] if done is not None else messages
+            text = on_tokens(events) if events else ""
+            if done is not None:
+                try:
+                    text += on_finish(done) + "data: [DONE]\n\n"
+                except APIError as err:
+                    text += _error_event(err)
+            if text:
+                yield text
+            if done is not None:
+                return
     finally:
         gen.cancel()
 
@@ -137,22 +163,31 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": service.id}
 
-    def choice(text: str, events: list[TokenEvent], reason: str | None) -> dict:
-        lp = _completion_logprobs(service, events) if body.logprobs is not None else None
+    def choice(text: str, events: list[TokenEvent], reason: str | None, at: int = 0) -> dict:
+        lp = _completion_logprobs(service, events, at) if body.logprobs is not None else None
         return {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
 
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
+        text_event = _sse_with_slot({**base, "choices": [choice(_SLOT, [], None)]})
+        offset = 0  # text_offset of the next token: streamed logprobs concatenate like whole
 
-        def chunks(message):
-            if isinstance(message, Finished):
-                out = [{**base, "choices": [choice("", [], _finish_reason(message))]}]
-                if usage:
-                    out.append({**base, "choices": [], "usage": _usage(message)})
-                return out
-            return [{**base, "choices": [choice(message.text, [message], None)]}]
+        def on_tokens(events: list[TokenEvent]) -> str:
+            nonlocal offset
+            text = "".join(e.text for e in events)
+            if body.logprobs is None:
+                return text_event(text) if text else ""
+            c = choice(text, events, None, offset)
+            offset += sum(len(t) for t in c["logprobs"]["tokens"])
+            return _sse({**base, "choices": [c]})
 
-        return _streaming_response(_stream(gen, chunks))
+        def on_finish(done: Finished) -> str:
+            out = _sse({**base, "choices": [choice("", [], _finish_reason(done))]})
+            if usage:
+                out += _sse({**base, "choices": [], "usage": _usage(done)})
+            return out
+
+        return _streaming_response(_stream(gen, on_tokens, on_finish))
     events = await _collect(gen, request)
     done = gen.finished
     reason = _finish_reason(done)
@@ -160,9 +195,10 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     return JSONResponse({**base, "choices": [choice(text, events, reason)], "usage": _usage(done)})
 
 
-def _completion_logprobs(service: Service, events: list[TokenEvent]) -> dict:
+def _completion_logprobs(service: Service, events: list[TokenEvent], at: int = 0) -> dict:
+    """OpenAI's completion logprobs of `events`; text offsets start at `at`."""
     tokens = [service.token_text(e.token) for e in events]
-    offsets, at = [], 0
+    offsets = []
     for t in tokens:
         offsets.append(at)
         at += len(t)
@@ -203,20 +239,25 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         usage = bool(body.stream_options and body.stream_options.include_usage)
         first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}]}  # fmt: skip
+        delta = {"index": 0, "delta": {"content": _SLOT}, "logprobs": None, "finish_reason": None}
+        content_event = _sse_with_slot({**base, "choices": [delta]})
 
-        def chunks(message):
-            if isinstance(message, Finished):
-                c = {"index": 0, "delta": {}, "logprobs": None,
-                     "finish_reason": _finish_reason(message)}  # fmt: skip
-                out = [{**base, "choices": [c]}]
-                if usage:
-                    out.append({**base, "choices": [], "usage": _usage(message)})
-                return out
-            c = {"index": 0, "delta": {"content": message.text}, "logprobs": lp([message]),
+        def on_tokens(events: list[TokenEvent]) -> str:
+            text = "".join(e.text for e in events)
+            if not body.logprobs:
+                return content_event(text) if text else ""
+            c = {"index": 0, "delta": {"content": text}, "logprobs": lp(events),
                  "finish_reason": None}  # fmt: skip
-            return [{**base, "choices": [c]}]
+            return _sse({**base, "choices": [c]})
 
-        return _streaming_response(_stream(gen, chunks, (first,)))
+        def on_finish(done: Finished) -> str:
+            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish_reason(done)}
+            out = _sse({**base, "choices": [c]})
+            if usage:
+                out += _sse({**base, "choices": [], "usage": _usage(done)})
+            return out
+
+        return _streaming_response(_stream(gen, on_tokens, on_finish, _sse(first)))
     events = await _collect(gen, request)
     done = gen.finished
     reason = _finish_reason(done)

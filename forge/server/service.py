@@ -1,14 +1,18 @@
 """The loaded model behind the server: its scheduler, metrics, and the asyncio bridge.
 
-`Service.generate` submits a `SequenceState` to the scheduler and returns a `Generation`, an
-async iterator of `TokenEvent`s ending with a `Finished`. The scheduler thread hands messages to
-the event loop with `call_soon_threadsafe`, so handlers only ever touch an asyncio.Queue.
+`Service.generate` submits a `SequenceState` to the scheduler and returns a `Generation`, whose
+`take()` gives the `TokenEvent`s that arrived since the last call, the last batch ending with a
+`Finished`. The scheduler thread hands messages to the event loop through an `_Inbox`: one
+wake-up of the loop for everything a scheduler step produced, not one per token per stream, and
+a consumer that fell behind gets all its queued tokens at once (to send as one SSE event).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -24,40 +28,86 @@ def model_id(model: Any) -> str:
     return Path(model.path).stem
 
 
+class _Inbox:
+    """Messages from the scheduler thread to one event loop. The first message of a batch
+    schedules one `call_soon_threadsafe` that hands over every message queued by then, so a
+    scheduler step wakes the loop once for all its streams."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def put(self, gen: Generation, message: TokenEvent | Finished) -> None:  # scheduler thread
+        self._items.append((gen, message, time.perf_counter()))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._deliver)
+            except BaseException:  # the loop is closed: later messages must try again
+                self._scheduled = False
+                raise
+
+    def _deliver(self) -> None:  # event loop
+        # cleared before draining: a message queued after this line schedules another call
+        self._scheduled = False
+        items = self._items
+        while items:
+            gen, message, at = items.popleft()
+            gen._arrived(message, at)
+
+
 class Generation:
-    """One request's stream of TokenEvents, then one Finished; `cancel()` frees its blocks."""
+    """One request's TokenEvents, then one Finished; `cancel()` frees its blocks."""
 
     def __init__(self, service: Service, state: SequenceState):
         self.service, self.state = service, state
-        self.queue: asyncio.Queue = asyncio.Queue()
         self.started = time.perf_counter()
-        self._last: float | None = None
+        self._last: float | None = None  # when the previous token was generated
+        self._arrivals: list[TokenEvent | Finished] = []
+        self._times: list[float] = []  # when each TokenEvent in _arrivals was generated
+        self._waiter: asyncio.Future | None = None
         self.handle: Handle | None = None
         self.finished: Finished | None = None
 
-    def _push(self, message: TokenEvent | Finished) -> None:  # scheduler thread
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, message)
-
     def submit(self) -> Generation:
-        self._loop = asyncio.get_running_loop()
-        self.handle = self.service.scheduler.submit(self.state, self._push)
+        inbox = self.service._inbox(asyncio.get_running_loop())
+        self.handle = self.service.scheduler.submit(self.state, lambda m: inbox.put(self, m))
         self.service.metrics.prompt_tokens.inc(len(self.state.prompt))
         return self
 
-    async def next(self, timeout: float | None = None) -> TokenEvent | Finished:
-        message = await asyncio.wait_for(self.queue.get(), timeout)
-        now = time.perf_counter()
-        m = self.service.metrics
+    def _arrived(self, message: TokenEvent | Finished, at: float) -> None:  # event loop
+        self._arrivals.append(message)
         if isinstance(message, Finished):
             self.finished = message
         else:
-            m.generated_tokens.inc()
-            if self._last is None:
-                m.ttft.observe(now - self.started)
+            self._times.append(at)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[TokenEvent | Finished]:
+        """Every message that arrived since the last call, in order (waits for at least one).
+        A Finished is the last message of the last batch."""
+        while not self._arrivals:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        messages, self._arrivals = self._arrivals, []
+        times, self._times = self._times, []
+        if times:  # timed when the scheduler made each token, so batching does not skew them
+            m = self.service.metrics
+            m.generated_tokens.inc(len(times))
+            last = self._last
+            if last is None:
+                m.ttft.observe(times[0] - self.started)
             else:
-                m.tpot.observe(now - self._last)
-            self._last = now
-        return message
+                m.tpot.observe(times[0] - last)
+            for a, b in zip(times, times[1:]):
+                m.tpot.observe(b - a)
+            self._last = times[-1]
+        return messages
 
     def cancel(self) -> None:
         if self.handle is not None and self.finished is None:
@@ -74,6 +124,13 @@ class Service:
         self.metrics = metrics
         self.scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue).start()
         self._template = resolve_chat_template(model.tokenizer)
+        self._inboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox:
+        inbox = self._inboxes.get(loop)
+        if inbox is None:
+            inbox = self._inboxes[loop] = _Inbox(loop)
+        return inbox
 
     def generate(self, state: SequenceState) -> Generation:
         """Queue `state` (raises QueueFullError / ShuttingDownError at once)."""
