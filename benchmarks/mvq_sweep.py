@@ -4,6 +4,11 @@ step's products each, as CUDA-graph replays of many launches over copies of the 
 bytes than L2 holds, as a real step reads). Prints microseconds per launch and weight GB/s.
 
   python benchmarks/mvq_sweep.py [--quick] [--out DIR]
+  python benchmarks/mvq_sweep.py --rows 8 16 32 [--shapes g3] [--out DIR]
+
+--rows: the products at those token rows (server decode steps): the plan's mvq kernel, its
+variants (rows per pass RM, lanes, x in global memory) and the gemm path (act_half + gemm.hip) that
+products past the decode limit took before.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
-from forge_hip.library import TYPE_IDS, KernelLibrary  # noqa: E402
+from forge_hip.library import ROUND_MODE, TYPE_IDS, KernelLibrary  # noqa: E402
 from forge_hip.plan import (  # noqa: E402
     MVQ_FLAGS,
     MVQ_SMEM,
@@ -62,6 +67,7 @@ class Bench:
         self.rng = np.random.default_rng(0)
         self.bufs = []
         self.variants = {}
+        self.tables = {}  # device descriptor table address -> its host copy
 
     def put(self, arr):
         buf = self.rt.alloc(arr.nbytes)
@@ -98,7 +104,9 @@ class Bench:
                 w = self.put(raw)
                 table.append([w.ptr, x.ptr, ys[len(table) % len(ns)].ptr, 0, TYPE_IDS[t], K, n,
                               raw.shape[1]])  # fmt: skip
-        return self.put(np.asarray(table, np.int64)), copies, nbytes, x
+        descs = self.put(np.asarray(table, np.int64))
+        self.tables[descs.ptr] = np.asarray(table, np.int64)
+        return descs, copies, nbytes, x
 
     def time_graph(self, enqueue, copies: int, launches: int = 40) -> float:
         """Microseconds per product, from replays of a graph of `launches` products."""
@@ -128,7 +136,9 @@ class Bench:
         lib, rt, s = self.lib, self.rt, self.stream
         for cfg in configs:
             kind = cfg["kind"]
-            if kind == "old":
+            if kind == "gemm":
+                enq = self.gemm_enqueue(descs, count, ns, K, R, glu, types, x)
+            elif kind == "old":
                 kernel = lib.get("mv_glu" if glu else "mv_multi")
                 grid = (-(-max(ns) // 4), R, 1 if glu else count)
                 args = (lambda c: [descs, c * count, 0]) if glu else (lambda c: [descs, c * count])
@@ -137,7 +147,9 @@ class Bench:
                     rt.launch(kernel, grid, (128,), args(c), stream=s)
             else:
                 suffix, rm = mvq_variant(types, R)
-                g = cfg.get("G") or mvq_lanes(types, K)
+                if cfg.get("rm"):
+                    suffix, rm = f"r{cfg['rm']}", cfg["rm"]
+                g = cfg.get("G") or mvq_lanes(types, K, R)
                 nt = cfg.get("threads", MVQ_THREADS)
                 rb = nt // g
                 items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))
@@ -183,6 +195,37 @@ class Bench:
                   flush=True)  # fmt: skip
         return out
 
+    def gemm_enqueue(self, descs, count, ns, K, R, glu, types, x):
+        """The gemm path of forge_hip.plan._gemm for one copy of the product (and the gated
+        product's geglu): act_half per rounding mode, then gemm_m64/m128 over descriptors whose x
+        is the rounded activations."""
+        rt, lib, s = self.rt, self.lib, self.stream
+        modes = sorted({ROUND_MODE[t] for t in types})
+        half = {m: self.rt.alloc(4 * R * K) for m in modes}
+        self.bufs += list(half.values())
+        rows = self.tables[descs.ptr].copy()
+        for i, row in enumerate(rows):
+            row[1] = half[ROUND_MODE[types[i % count]]].ptr
+        descs_p = self.put(rows)
+        blocks = -(-R // 128) * sum(-(-n // 128) for n in ns)
+        bm = 128 if 2 * blocks >= self.sms else 64
+        gemm = lib.get(f"gemm_m{bm}")
+        act = lib.get("act_half")
+        geglu = lib.get("geglu")
+        ys = [int(r[2]) for r in rows[:count]]
+
+        def enq(c):
+            for m in modes:
+                rt.launch(act, (R,), (256,), [x, half[m], K, m], stream=s)
+            rt.launch(gemm, (-(-R // bm), -(-max(ns) // 128), count), (256,),
+                      [descs_p, c * count, R], stream=s)  # fmt: skip
+            if glu:
+                n = R * ns[0]
+                rt.launch(geglu, (min(4096, -(-n // 256)),), (256,), [ys[0], ys[1], ys[0], n],
+                          stream=s)  # fmt: skip
+
+        return enq
+
 
 def step_times(results) -> None:
     """One decode step's products per model (R = 1): layers x per-shape time."""
@@ -196,6 +239,37 @@ def step_times(results) -> None:
             print(f"{model} {cfg}: products of one decode step {tot / 1e3:.3f} ms", flush=True)
 
 
+def rows_sweep(b: Bench, rows: list[int], prefixes: list[str], out: str | None) -> int:
+    """Each shape at each row count: the plan's kernel, variants, and the gemm path."""
+    results = []
+    for name, types, K, ns, glu, _ in SHAPES:
+        if not any(name.startswith(p) for p in prefixes):
+            continue
+        for R in rows:
+            configs = [{"kind": "new"}, {"kind": "gemm"}]
+            if R > 8:
+                configs += [{"kind": "new", "rm": 8}] + (
+                    [{"kind": "new", "rm": 16}] if R > 16 else []
+                )
+                configs += [{"kind": "new", "G": g} for g in (8, 16, 32)]
+                configs += [{"kind": "new", "xg": 1}, {"kind": "new", "xg": 0},
+                            {"kind": "new", "bps": 1}, {"kind": "new", "bps": 2}]  # fmt: skip
+            results += b.run_shape(name, types, K, ns, glu, R, configs)
+    for model in ("l8b", "g3"):  # one decode step's products per configuration kind
+        for R in rows:
+            for cfg in ("kind=new", "kind=gemm"):
+                got = [layers * r["us"] for name, *_, layers in SHAPES for r in results
+                       if name.startswith(model) and r["shape"] == name and r["R"] == R
+                       and r["cfg"] == cfg]  # fmt: skip
+                if got:
+                    print(f"{model} R={R} {cfg}: products of one step {sum(got) / 1e3:.3f} ms "
+                          f"({len(got)} shapes)", flush=True)  # fmt: skip
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "mvq_rows.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def cfg_label(cfg) -> str:
     return ",".join(f"{k}={v}".replace("\n", ";") for k, v in cfg.items()) or "default"
 
@@ -204,8 +278,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--rows", type=int, nargs="+", help="sweep these token rows (9..32: servers)")
+    ap.add_argument("--shapes", default="", help="name prefixes, e.g. g3 (default: all)")
     args = ap.parse_args()
     b = Bench(args.quick)
+    if args.rows:
+        return rows_sweep(b, args.rows, args.shapes.split(",") if args.shapes else [""], args.out)
     t0 = time.time()
     b.lib.get("mvq_multi_r1")  # compile
     b.lib.get("mv_multi")

@@ -1,4 +1,4 @@
-// mmv.hip: decode products (1..8 token rows). y = x W^T + bias for the matrices of linear.hip's
+// mmv.hip: decode products (1..32 token rows). y = x W^T + bias for the matrices of linear.hip's
 // descriptors (same layout: [0] W [1] x [2] y [3] bias [4] type id [5] K [6] N [7] row bytes), with
 // the activations rounded exactly like llama.cpp's (and our prefill's act_round): 8-bit blocks of
 // 32 with an f16 scale for Q4_0..Q8_0 weights (mode 1), 8-bit blocks of 256 scaled by the signed
@@ -6,14 +6,15 @@
 // meet int8 activations in integer dot products (mmv.h's units); F32/F16/BF16 in float.
 //
 // mvq_multi_r<RM>(descs, first, count, R, G, x, K, need, items, xg, flags): descriptors first ..
-//   first+count-1, which share x [R, K] (R <= RM token rows). need: the copies of x their types
-//   read (forge_hip.plan.mvq_need; bit 0: Q4_0..Q8_0, blocks of 32; bit 1: K-quants, blocks of
-//   256); items: their row groups (below).
+//   first+count-1, which share x [R, K] (R token rows, RM at a time: with R > RM each row group
+//   takes rows 0..RM-1, RM..2RM-1, ... in turn, reading its weights again). need: the copies of x
+//   their types read (forge_hip.plan.mvq_need; bit 0: Q4_0..Q8_0, blocks of 32; bit 1: K-quants,
+//   blocks of 256); items: their row groups (below).
 // mvq_glu_r<RM>(descs, first, R, G, x, K, need, items, xg, flags, act): y_gate = act(x W_gate^T)
 //   * (x W_up^T) of descriptors first (gate) and first + 1 (up); act 0: SiLU, 1: GELU-tanh.
 // Entry points (MVQ_KERNELS): mvq_multi_r1(), mvq_multi_r2(), mvq_multi_r4(), mvq_multi_r8(),
-//   mvq_multi_gen() (R <= 8, also Q2_K/Q3_K), mvq_glu_r1(), mvq_glu_r2(), mvq_glu_r4(),
-//   mvq_glu_r8(), mvq_glu_gen().
+//   mvq_multi_r16(), mvq_multi_r32(), mvq_multi_gen() (RM 8, also Q2_K/Q3_K), mvq_glu_r1(),
+//   mvq_glu_r2(), mvq_glu_r4(), mvq_glu_r8(), mvq_glu_r16(), mvq_glu_r32(), mvq_glu_gen().
 // Launch: block = any multiple of 32 threads (256 here); G lanes (a power of two <= 32) own one
 //   weight row, so a block covers RB = blockDim.x / G rows of one matrix per item. Items are those
 //   row groups over all matrices in turn; block b takes items b, b + gridDim.x, ...
@@ -256,9 +257,32 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
     }
 }
 
-FORGE_DEV float group_sum(float v, int G) {
-    for (int s = G >> 1; s > 0; s >>= 1) v += shfl_xor(v, s);
-    return v;
+// Sums v[0 .. RM) over the G lanes of a group at once: halving exchanges (each lane keeps one half
+// of what it holds and adds its partner's copy of that half: RM/2 + RM/4 + ... shuffles instead of
+// RM log2(G)), then plain xor sums once one value is left (G > RM). The lane ends with the sums of
+// rows *row0 + i in v[i] for i < max(RM / G, 1); returns whether it is the one lane that writes
+// them (several lanes hold the same sums when G > RM).
+template <int H> FORGE_DEV void group_halve(float* v, int lane, int& s, int& base) {
+    if (s >= 1) {
+        const bool hi = (lane & s) != 0;
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+            const float keep = hi ? v[i + H] : v[i], give = hi ? v[i] : v[i + H];
+            v[i] = keep + shfl_xor(give, s);
+        }
+        if (hi) base += H;
+        s >>= 1;
+        group_halve<H / 2>(v, lane, s, base);
+    }
+}
+template <> FORGE_DEV void group_halve<0>(float*, int, int&, int&) {}
+
+template <int RM> FORGE_DEV bool group_sum_rows(float* v, int lane, int G, int* row0) {
+    int s = G >> 1, base = 0;
+    group_halve<RM / 2>(v, lane, s, base);
+    for (; s >= 1; s >>= 1) v[0] += shfl_xor(v[0], s);
+    *row0 = base;
+    return (lane & (G > RM ? G / RM - 1 : 0)) == 0;
 }
 
 FORGE_DEV float mvq_act(float a, int act) {
@@ -297,26 +321,38 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         mvq_item(descs, first, nmat, RB, w, &m, &j);
         if (ahead) mvq_prefetch_item(descs, first, nmat, glu, RB, w + ahead * gridDim.x);
         const int n = j * RB + grp;
-        float acc[RM], acc2[RM];
-#pragma unroll
-        for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
         const MvMat up = mv_mat(descs + (i64)(first + (glu ? 1 : 0)) * DESC_LEN);
-        if (n < m.N) {
-            row_dot<RM, GEN>(m, n, lane, G, x1, x2, R, acc);
-            if (glu) row_dot<RM, GEN>(up, n, lane, G, x1, x2, R, acc2);
-        }
+        for (int r0 = 0; r0 < R; r0 += RM) {  // rows r0 .. r0 + RM - 1 of x (R > RM: in turn)
+            const int Rc = min(RM, R - r0);
+            XQ c1 = x1, c2 = x2;
+            c1.q += (i64)r0 * K, c1.ds += (i64)r0 * (K / 32);
+            c2.q += (i64)r0 * K, c2.ds += (i64)r0 * (K / 32);
+            float acc[RM], acc2[RM];
 #pragma unroll
-        for (int r = 0; r < RM; ++r) {
-            acc[r] = group_sum(acc[r], G);
-            if (glu) acc2[r] = group_sum(acc2[r], G);
-        }
-        if (lane == 0 && n < m.N) {
+            for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
+            if (n < m.N) {
+                MvMat mc = m;
+                mc.x += (i64)r0 * K;
+                row_dot<RM, GEN>(mc, n, lane, G, c1, c2, Rc, acc);
+                if (glu) {
+                    MvMat uc = up;
+                    uc.x += (i64)r0 * K;
+                    row_dot<RM, GEN>(uc, n, lane, G, c1, c2, Rc, acc2);
+                }
+            }
+            int row0;
+            const bool writer = group_sum_rows<RM>(acc, lane, G, &row0);
+            if (glu) group_sum_rows<RM>(acc2, lane, G, &row0);
+            const int held = G < RM ? RM / G : 1;
+            if (writer && n < m.N) {
 #pragma unroll
-            for (int r = 0; r < RM; ++r) {
-                if (r < R) {
-                    float a = acc[r] + (m.bias ? m.bias[n] : 0.0f);
-                    if (glu) a = mvq_act(a, act) * (acc2[r] + (up.bias ? up.bias[n] : 0.0f));
-                    m.y[(i64)r * m.N + n] = a;
+                for (int i = 0; i < RM; ++i) {
+                    const int r = row0 + i;
+                    if (i < held && r < Rc) {
+                        float a = acc[i] + (m.bias ? m.bias[n] : 0.0f);
+                        if (glu) a = mvq_act(a, act) * (acc2[i] + (up.bias ? up.bias[n] : 0.0f));
+                        m.y[(i64)(r0 + r) * m.N + n] = a;
+                    }
                 }
             }
         }
@@ -324,7 +360,8 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
 }
 
 // __launch_bounds__ blocks per multiprocessor: 4 (at most 64 registers) for 1-2 rows, fewer for
-// more rows (their accumulators); MVQ_MIN_BLOCKS overrides all (experiments).
+// more rows (their accumulators: sm_90 r16 ~127 registers, r32 ~155 / 210 with glu, no spills);
+// MVQ_MIN_BLOCKS overrides all (experiments).
 #ifdef MVQ_MIN_BLOCKS
 #define MVQ_MINB(B) MVQ_MIN_BLOCKS
 #else

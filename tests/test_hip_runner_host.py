@@ -119,16 +119,16 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     runner = _runner(golden_dir, name, rt)
     runner.allocate_kv(32, 16)
     n_layer = runner.spec.n_layer
-    ids = np.arange(1, 30, dtype=np.int32)
-    rows = runner.forward([SeqBatch(ids, 0, np.arange(2, dtype=np.int32), "all")])
-    assert rows[0].shape == (29, runner.spec.n_vocab)
+    ids = np.arange(1, 41, dtype=np.int32)  # past plan.MVQ_MAX_ROWS: the prefill products
+    rows = runner.forward([SeqBatch(ids, 0, np.arange(3, dtype=np.int32), "all")])
+    assert rows[0].shape == (40, runner.spec.n_vocab)
     assert not any(cap for _, _, cap in rt.launches)
     prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # F32: SIMT float32
     assert prefill_kernel in {n for n, _, _ in rt.launches}
     for step in range(3):
         rt.launches.clear()
         uploads = rt.uploads
-        batch = [SeqBatch(np.array([5], np.int32), 29 + step, np.arange(2, dtype=np.int32)),
+        batch = [SeqBatch(np.array([5], np.int32), 40 + step, np.arange(3, dtype=np.int32)),
                  SeqBatch(np.array([7], np.int32), step, np.array([5], np.int32))]  # fmt: skip
         assert len(runner.forward_argmax(batch)) == 2
         assert rt.uploads == uploads + 1  # one host->device copy per step

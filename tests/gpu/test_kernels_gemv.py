@@ -1,6 +1,6 @@
 """Matrix-vector products and embedding lookups for every weight type against NumPy (float64):
 matvec.hip's per-type kernels, and mmv.hip's decode products (int8 activations rounded like
-llama.cpp's, several matrices per launch, gated products, 1..8 token rows)."""
+llama.cpp's, several matrices per launch, gated products, 1..32 token rows)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from forge_hip.plan import (
     MVQ_THREADS,
     mvq_global_x,
     mvq_lanes,
+    mvq_max_rows,
     mvq_need,
     mvq_variant,
     mvq_xbytes,
@@ -157,13 +158,16 @@ class MvqCase:
         return self.dev.get(self.y[j], (self.R, self.W[j].shape[0]))
 
 
-def launch_mvq(rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3):
+def launch_mvq(
+    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None
+):
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
-    quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x)."""
+    quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x). `rm`:
+    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks)."""
     types, R, K = case.types, case.R, case.K
-    suffix, rm = mvq_variant(types, R)
+    suffix, rm = (f"r{rm}", rm) if rm else mvq_variant(types, R)
     need = mvq_need(types)
-    g = lanes or mvq_lanes(types, K)
+    g = lanes or mvq_lanes(types, K, R)
     rb = MVQ_THREADS // g
     ns = [w.shape[0] for w in case.W]
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
@@ -264,3 +268,107 @@ def test_mvq_gated(rt, lib, dev, types, act, R):
     launch_mvq(rt, lib, dev, case, act=act, grid=4)
     ref = _act(case.ref(0), act) * case.ref(1)
     assert rel_err(case.out(0), ref) < 1e-5
+
+
+# -- mmv.hip: 9..32 token rows (server decode steps) -----------------------------------------------
+@pytest.mark.parametrize("R", [11, 16, 23, 32])
+@pytest.mark.parametrize("type_name", list(TYPE_SUFFIX))
+def test_mvq_many_rows(rt, lib, dev, type_name, R):
+    """Every weight type at 9..32 rows, with the plan's kernel for them (r16/r32; gen and the
+    float types, which the plan leaves to the gemm path past 8 rows, through row chunks of 8
+    and 16/32) and its lanes per row."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, [type_name], R, mvq_k([type_name]), [37], bias=True)
+    launch_mvq(rt, lib, dev, case, grid=3)
+    assert rel_err(case.out(0), case.ref(0)) < 1e-5
+
+
+@pytest.mark.parametrize("R,rm", [(11, 8), (23, 16), (32, 16), (32, 8), (9, 4), (17, 32)])
+@pytest.mark.parametrize("lanes", [4, 16, 32])
+@pytest.mark.parametrize("types", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q6_K", "Q5_K"),
+                                   ("Q4_0", "Q5_1", "Q4_1")], ids="-".join)  # fmt: skip
+def test_mvq_row_chunks_and_lanes(rt, lib, dev, types, lanes, R, rm):
+    """Rows past the kernel's RM run in chunks (each row group reading its weights again); the
+    halving reduction over G lanes with G below, at and above RM."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [37, 50, 19], bias=True)
+    launch_mvq(rt, lib, dev, case, lanes=lanes, grid=5, rm=rm)
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+@pytest.mark.parametrize("R", [13, 32])
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("types", [("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")],
+                         ids="-".join)  # fmt: skip
+def test_mvq_gated_many_rows(rt, lib, dev, types, act, R):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4)
+    ref = _act(case.ref(0), act) * case.ref(1)
+    assert rel_err(case.out(0), ref) < 1e-5
+
+
+@pytest.mark.parametrize("xg", [True, False])
+@pytest.mark.parametrize(
+    "types,K,R", [(("Q4_K", "Q8_0"), 4096, 32), (("Q6_K",), 2048, 19), (("Q5_0",), 640, 32)]
+)
+def test_mvq_many_rows_x_in_global_or_shared(rt, lib, dev, types, K, R, xg):
+    """32 rows of x quantized by mvq_quant, or by every block (where it fits shared memory)."""
+    if not xg and mvq_xbytes(mvq_need(list(types)), R, K) > 40960:
+        pytest.skip("does not fit shared memory")
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, K, [45, 21][: len(types)], bias=False)
+    launch_mvq(rt, lib, dev, case, xg=xg, flags=1)
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+def test_mvq_max_rows_by_type():
+    """Past 8 rows the plan keeps Q2_K/Q3_K (float-decoded units) and float weights on the gemm
+    path; every other type runs decode products up to 32 rows, fewer for large matrices."""
+    assert mvq_max_rows(["Q5_0", "Q8_0"]) == 32
+    assert mvq_max_rows(["Q5_0", "Q5_0", "Q8_0"], 1536 * 640) == 32  # gemma3 qkv
+    assert 16 <= mvq_max_rows(["Q5_0", "Q5_0"], 2 * 2048 * 640) < 32  # gemma3 gate/up
+    assert mvq_max_rows(["Q8_0"], 262144 * 640) == 8  # gemma3 head
+    assert mvq_max_rows(["Q4_K", "Q4_K", "Q6_K"], 6144 * 4096) == 8  # llama-3-8b qkv
+    assert mvq_max_rows(["Q4_K", "Q6_K", "Q5_K", "Q4_0", "Q4_1", "Q5_1"]) == 32
+    assert mvq_max_rows(["Q4_K", "Q3_K"]) == 8
+    assert mvq_max_rows(["Q2_K"]) == 8
+    assert mvq_max_rows(["Q8_0", "F16"]) == 8
+    assert mvq_variant(["Q5_0"], 9) == ("r16", 16)
+    assert mvq_variant(["Q5_0"], 32) == ("r32", 32)
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
+def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name):
+    """A decode step of 23 sequences (every product on mmv.hip's r32 kernels, rounding on as in
+    serving) gives each sequence the logits of its own one-row step."""
+    from forge_hip.runner import HipRunner
+
+    from forge.backend import SeqBatch
+    from forge.gguf import open_gguf
+    from forge.models import build_spec
+    from forge.plugins import get_plugin_manager
+
+    gguf = open_gguf(str(golden_dir / "models" / name))
+    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt)
+    n = 23
+    runner.allocate_kv(n + 1, 16)
+    try:
+        plan = runner.plan
+        groups = [(layer[key], c) for layer in plan.layers
+                  for key, c in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1))]  # fmt: skip
+        assert all(plan._mv_rows(first, c) >= n for first, c in groups + [(plan.out_h, 1)])
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        prompts = [rng.integers(1, v, size=int(rng.integers(2, 10))).astype(np.int32)
+                   for _ in range(n)]  # fmt: skip
+        tables = [np.array([i], np.int32) for i in range(n)]
+        runner.forward([SeqBatch(p[:-1], 0, t, "none") for p, t in zip(prompts, tables)])
+        many = runner.forward([SeqBatch(p[-1:], len(p) - 1, t) for p, t in zip(prompts, tables)])
+        for p, t, got in zip(prompts, tables, many):
+            one = runner.forward([SeqBatch(p[-1:], len(p) - 1, t)])[0]
+            assert np.abs(got[0] - one[0]).max() <= 1e-3 * one.std()
+    finally:
+        runner.close()

@@ -18,6 +18,8 @@ TYPE_SUFFIX = {
     "Q5_K": "q5_k", "Q6_K": "q6_k",
 }  # fmt: skip
 
+MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* kernel suffixes
+
 KERNELS: dict[str, tuple[str, str]] = {
     **{f"matvec_{s}": ("matvec.hip", "pppii") for s in TYPE_SUFFIX.values()},
     **{f"embed_{s}": ("embed.hip", "pppif") for s in TYPE_SUFFIX.values()},
@@ -38,8 +40,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mv_multi": ("linear.hip", "pi"),
     "mv_glu": ("linear.hip", "pii"),
     "mm_tiled": ("linear.hip", "pii"),
-    **{f"mvq_multi_{v}": ("mmv.hip", "piiiipiiipi") for v in ("r1", "r2", "r4", "r8", "gen")},
-    **{f"mvq_glu_{v}": ("mmv.hip", "piiipiiipii") for v in ("r1", "r2", "r4", "r8", "gen")},
+    **{f"mvq_multi_{v}": ("mmv.hip", "piiiipiiipi") for v in MVQ_VARIANTS},
+    **{f"mvq_glu_{v}": ("mmv.hip", "piiipiiipii") for v in MVQ_VARIANTS},
     "mvq_quant": ("mmv.hip", "ppiii"),
     "act_half": ("gemm.hip", "ppii"),
     "gemm_m128": ("gemm.hip", "pii"),

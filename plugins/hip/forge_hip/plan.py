@@ -31,7 +31,7 @@ from forge_hip.library import (
 )
 from forge_hip.workspace import PART_ROWS, Workspace
 
-MV_MAX_ROWS = 8  # up to this many rows a matmul runs as matrix-vector products
+MV_MAX_ROWS = 8  # up to this many rows a matmul runs as matrix-vector products (see mvq_max_rows)
 MV_WARPS = 4  # linear.hip's MV_WARPS
 GEMM_N = 128  # gemm.hip's GB_N: weight rows per tensor-core tile
 GEMM_THREADS = 256
@@ -48,8 +48,18 @@ def add_norm_threads(n: int, warp: int) -> int:
 
 # Decode products (mmv.hip): int8 activations rounded like llama.cpp's, integer dot products.
 MVQ_THREADS = 256  # block size of the mvq_* kernels
-MVQ_SMEM = {1: 20480, 2: 40960, 4: 40960, 8: 40960}  # mmv.hip's MvqSmem: bytes of quantized x
+MVQ_SMEM = {1: 20480, 2: 40960, 4: 40960, 8: 40960, 16: 40960, 32: 40960}  # mmv.hip's MvqSmem
 MVQ_GEN = {"Q2_K", "Q3_K"}  # types only the mvq_*_gen kernels decode
+# Most rows of a decode product (mmv.hip) when every type has integer units (not MVQ_GEN, not
+# float): weights are read once for all rows. Other types: MV_MAX_ROWS, then the gemm path.
+MVQ_MAX_ROWS = 32
+# ... and past MV_MAX_ROWS only while rows x (multiply-adds per row of x) stays under this: the
+# int8 dot products cost about linearly in rows, gemm.hip's tiles hardly (H200, gemma3 twin, us
+# mvq / gemm: head 262144x640 at 16 rows 532 / 253; gate_up 2x2048x640 at 16 rows 19 / 26, at 32
+# rows 35 / 26; down 640x2048 at 32 rows 37 / 64; qkv 1536x640 at 32 rows 21 / 21).
+MVQ_MAX_WORK = 56 << 20
+# mmv.hip's kernel rows (RM): a product takes the smallest that holds its rows.
+MVQ_RM = (1, 2, 4, 8, 16, 32)
 MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
@@ -59,11 +69,20 @@ MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "
             "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
 
 
+def mvq_max_rows(types: list[str], work: int = 0) -> int:
+    """Most rows the plan gives the mvq kernels for matrices of `types` sharing x, `work` their
+    multiply-adds per row of x (the sum of N x K); more rows take the gemm path."""
+    if MVQ_GEN & set(types) or any(ROUND_MODE[t] not in (1, 2) for t in types):
+        return MV_MAX_ROWS
+    return max(MV_MAX_ROWS, min(MVQ_MAX_ROWS, MVQ_MAX_WORK // max(work, 1)))
+
+
 def mvq_variant(types: list[str], rows: int) -> tuple[str, int]:
-    """(kernel suffix, most rows) of the mvq kernels for matrices of `types` and `rows` rows."""
+    """(kernel suffix, its rows per pass RM) of the mvq kernels for matrices of `types` and
+    `rows` <= mvq_max_rows(types) rows; rows over RM run in chunks of RM (mmv.hip)."""
     if MVQ_GEN & set(types):
         return "gen", 8
-    rm = next(r for r in (1, 2, 4, 8) if r >= rows)
+    rm = next((r for r in MVQ_RM if r >= rows), MVQ_RM[-1])
     return f"r{rm}", rm
 
 
@@ -82,15 +101,18 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
     every block into its shared memory: when it does not fit there, or when it would take each
     block's warps more than a few rounds of 256 elements (long rows: every block waits for them)."""
     tasks = rows * -(-k // 256)
+    if rows > MV_MAX_ROWS:  # H200 gemma3 twin, 16-32 rows: in-block 5-45% faster where it fits
+        return bool(need) and mvq_xbytes(need, rows, k) > MVQ_SMEM[rm]
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
 
 
-def mvq_lanes(types: list[str], k: int) -> int:
+def mvq_lanes(types: list[str], k: int, rows: int = 1) -> int:
     """Lanes per weight row: 32 for rows of 128 units or more, 16 down to 32 units (the gemma3
     head, 80 Q8_0 units: 101 us with 16 lanes, 146 with 32 on an H200), then at least 2 units
-    per lane."""
+    per lane. Past MV_MAX_ROWS rows, 32 for any multiple of 32 units (twice the row groups:
+    gemma3 wo, 32 Q4_K units, 16 / 32 rows 13.8 -> 9.4 / 24.1 -> 14.4 us)."""
     units = min(k // MVQ_UNIT[t] for t in types)
-    if units >= 128:
+    if units >= 128 or (rows > MV_MAX_ROWS and units >= 32 and units % 32 == 0):
         return 32
     if units >= 32:
         return 16
@@ -177,7 +199,7 @@ class Plan:
     def matmul(self, first: int, count: int, rows: int) -> None:
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
-            if rows <= MV_MAX_ROWS:
+            if rows <= self._mv_rows(first, count):
                 self._matvec(first, count, rows)
             else:
                 self._gemm(first, count, rows)
@@ -189,6 +211,13 @@ class Plan:
                         [p.ptr, x, y, p.k, p.n])  # fmt: skip
             if bias:
                 self.launch(self.op["add_bias"], (rows,), (NORM_THREADS,), [y, bias, p.n])
+
+    def _mv_rows(self, first: int, count: int) -> int:
+        """Most rows descriptors first .. first + count - 1 run as decode products (_matvec)."""
+        if not self.round_prefill:
+            return MV_MAX_ROWS
+        mats = [p for p, _ in self.mats[first : first + count]]
+        return mvq_max_rows([p.type for p in mats], sum(p.n * p.k for p in mats))
 
     def _matvec(self, first: int, count: int, rows: int, act: int | None = None) -> None:
         """Decode products (few rows) of descriptors first .. first + count - 1, which share x:
@@ -207,7 +236,7 @@ class Plan:
         k, x = mats[0].k, self.descs[first][1]
         suffix, rm = mvq_variant(types, rows)
         need = mvq_need(types)
-        g = self.mvq_lanes or mvq_lanes(types, k)
+        g = self.mvq_lanes or mvq_lanes(types, k, rows)
         rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
@@ -263,7 +292,7 @@ class Plan:
         s, ws = self.spec, self.ws
         act = 1 if s.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
-        if fused and rows <= MV_MAX_ROWS:
+        if fused and rows <= self._mv_rows(first, 2):
             self._matvec(first, 2, rows, act)
             return
         self.matmul(first, 2, rows)
