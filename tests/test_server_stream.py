@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import warnings
 
 import pytest
@@ -149,7 +150,7 @@ def test_inbox_wakes_the_loop_once_per_batch():
             self.got.append(message)
 
     async def main():
-        inbox = service_module._Inbox(asyncio.get_running_loop())
+        inbox = service_module._Inbox(asyncio.get_running_loop(), 0.0)
         calls = []
         deliver = inbox._deliver
         inbox._deliver = lambda: (calls.append(1), deliver())
@@ -169,5 +170,30 @@ def test_inbox_wakes_the_loop_once_per_batch():
         inbox.put(a, 50)  # the next batch wakes the loop again
         await asyncio.sleep(0.01)
         assert len(calls) == 2 and a.got[-1] == 50
+
+    asyncio.run(main())
+
+
+def test_inbox_hands_over_at_most_once_per_interval():
+    class Sink:
+        def __init__(self):
+            self.times = []
+
+        def _arrived(self, message, at):
+            self.times.append(time.perf_counter())
+
+    async def main():
+        inbox = service_module._Inbox(asyncio.get_running_loop(), 0.05)
+        sink = Sink()
+        inbox.put(sink, 0)  # after a quiet spell: at once
+        await asyncio.sleep(0.005)
+        assert len(sink.times) == 1
+        for i in range(1, 4):
+            threading.Thread(target=inbox.put, args=(sink, i)).start()
+            await asyncio.sleep(0.005)
+        assert len(sink.times) == 1  # held until the interval is over, then all together
+        await asyncio.sleep(0.1)
+        assert len(sink.times) == 4 and sink.times[1] - sink.times[0] >= 0.045
+        assert sink.times[3] - sink.times[1] < 0.005
 
     asyncio.run(main())

@@ -3,8 +3,9 @@
 `Service.generate` submits a `SequenceState` to the scheduler and returns a `Generation`, whose
 `take()` gives the `TokenEvent`s that arrived since the last call, the last batch ending with a
 `Finished`. The scheduler thread hands messages to the event loop through an `_Inbox`: one
-wake-up of the loop for everything a scheduler step produced, not one per token per stream, and
-a consumer that fell behind gets all its queued tokens at once (to send as one SSE event).
+wake-up of the loop for everything produced meanwhile (a scheduler step or more), not one per
+token per stream, and a consumer that fell behind gets all its queued tokens at once (to send as
+one SSE event).
 """
 
 from __future__ import annotations
@@ -28,27 +29,43 @@ def model_id(model: Any) -> str:
     return Path(model.path).stem
 
 
-class _Inbox:
-    """Messages from the scheduler thread to one event loop. The first message of a batch
-    schedules one `call_soon_threadsafe` that hands over every message queued by then, so a
-    scheduler step wakes the loop once for all its streams."""
+WAKE_INTERVAL_S = 0.005  # the event loop takes scheduler output at most this often
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+
+class _Inbox:
+    """Messages from the scheduler thread to one event loop, handed over in batches: the first
+    message of a batch schedules one `call_soon_threadsafe`, and the loop takes every message
+    queued by then, at most once per `interval` seconds. So a scheduler step wakes the loop once
+    for all its streams, not once per token per stream, and with a fast engine each stream
+    writes a few tokens per event instead of one: the loop's per-write work (and the GIL it
+    holds meanwhile, which the scheduler thread waits for) is paid every few ms, not per token.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float):
+        self._loop, self._interval = loop, interval
         self._items: collections.deque = collections.deque()
         self._scheduled = False
+        self._next = 0.0  # loop time of the earliest next hand-over
 
     def put(self, gen: Generation, message: TokenEvent | Finished) -> None:  # scheduler thread
         self._items.append((gen, message, time.perf_counter()))
         if not self._scheduled:
             self._scheduled = True
             try:
-                self._loop.call_soon_threadsafe(self._deliver)
+                self._loop.call_soon_threadsafe(self._wake)
             except BaseException:  # the loop is closed: later messages must try again
                 self._scheduled = False
                 raise
 
+    def _wake(self) -> None:  # event loop
+        delay = self._next - self._loop.time()
+        if delay > 0:
+            self._loop.call_later(delay, self._deliver)
+        else:
+            self._deliver()
+
     def _deliver(self) -> None:  # event loop
+        self._next = self._loop.time() + self._interval
         # cleared before draining: a message queued after this line schedules another call
         self._scheduled = False
         items = self._items
@@ -117,19 +134,21 @@ class Generation:
 class Service:
     """A loaded model, its id, scheduler and metrics."""
 
-    def __init__(self, model: Any, *, max_batch: int, max_queue: int, metrics: Metrics):
+    def __init__(self, model: Any, *, max_batch: int, max_queue: int, metrics: Metrics,
+                 wake_interval: float = WAKE_INTERVAL_S):  # fmt: skip
         self.model = model
         self.id = model_id(model)
         self.created = int(time.time())
         self.metrics = metrics
         self.scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue).start()
         self._template = resolve_chat_template(model.tokenizer)
+        self.wake_interval = wake_interval
         self._inboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox:
         inbox = self._inboxes.get(loop)
         if inbox is None:
-            inbox = self._inboxes[loop] = _Inbox(loop)
+            inbox = self._inboxes[loop] = _Inbox(loop, self.wake_interval)
         return inbox
 
     def generate(self, state: SequenceState) -> Generation:
