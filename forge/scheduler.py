@@ -62,7 +62,7 @@ class Finished:
 Callback = Callable[["TokenEvent | Finished"], None]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: `in` / remove() on the running list stay cheap
 class _Request:
     id: int
     state: SequenceState

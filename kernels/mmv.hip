@@ -299,11 +299,14 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
     const bool glu = act >= 0;
     const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
     if ((int)blockIdx.x >= items) return;
+    // Before the wait (the kernel before may still run): only descriptors and weights, which no
+    // kernel writes, are read, so the first items' weights move into L2 meanwhile.
     if (flags & 1) {  // the first max(ahead, 1) items of this block
         for (int a = 0; a < max(ahead, 1); ++a) {
             mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x + a * gridDim.x);
         }
     }
+    FORGE_GRID_WAIT();
     const int rs = R * K + R * K / 4;
     u8* base = xg ? (u8*)xg : (u8*)xs;
     const int off2 = (need & 1) ? rs : 0;
@@ -372,14 +375,12 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
                            int G, const float* x, int K, int need, int items,           \
                            const u8* xg, int flags) {                                   \
-        FORGE_GRID_WAIT();                                                              \
         mvq_body<RM, GEN>(descs, first, count, R, G, x, K, need, items, xg, flags, -1); \
     }                                                                                   \
     FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
         mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
                          const float* x, int K, int need, int items, const u8* xg,      \
                          int flags, int act) {                                          \
-        FORGE_GRID_WAIT();                                                              \
         mvq_body<RM, GEN>(descs, first, 2, R, G, x, K, need, items, xg, flags, act);    \
     }
 MVQ_KERNELS(r1, 1, false, 4)
