@@ -1,8 +1,6 @@
 // layer.hip: the fused non-matmul, non-attention steps of a transformer layer, over R token rows
 // at once (attention, with its Q/K norm, RoPE and KV store, is in attention.hip).
-#include "forge_hip.h"
-
-#define AN_PER 32  // elements of a row each thread holds (forge_hip.plan.ADD_NORM_PER)
+#include "add_norm.h"
 
 // Sum over the block; with a single warp, shuffles only (no barrier).
 FORGE_DEV float row_sum(float v, float* scratch) {
@@ -12,9 +10,10 @@ FORGE_DEV float row_sum(float v, float* scratch) {
 // x[r] += (w_post ? rmsnorm(o[r]) * w_post : o[r])   (when o is given)
 // h[r] = rmsnorm(x[r]) * w_next                        (when w_next is given)
 // Launch: grid = R, block = a multiple of the warp size, at most 1024, with
-// blockDim.x * AN_PER >= n (forge_hip.plan.add_norm_threads: one warp for rows up to 1024).
-// Each thread holds elements t, t + blockDim.x, ... of the row in registers: one round trip
-// loads the row, the weights are loaded before the wait (they are no kernel's output).
+// blockDim.x * AN_PER >= n (forge_hip.plan.add_norm_threads: one warp for rows up to 1024, where
+// mmv.hip's mvq_*_r1n compute the same bits). Each thread holds elements t, t + blockDim.x, ...
+// of the row in registers: one round trip loads the row; the weights are loaded before the wait
+// (they are no kernel's output). Arithmetic: add_norm.h.
 FORGE_KERNEL void add_norm(float* __restrict__ x, const float* __restrict__ o,
                            const float* __restrict__ w_post, const float* __restrict__ w_next,
                            float* __restrict__ h, int n, float eps) {
@@ -41,26 +40,26 @@ FORGE_KERNEL void add_norm(float* __restrict__ x, const float* __restrict__ o,
         if (w_post) {
             float ss = 0.0f;
 #pragma unroll
-            for (int j = 0; j < AN_PER; ++j) ss += ov[j] * ov[j];
-            inv = rsqrtf(row_sum(ss, scratch) / (float)n + eps);
+            for (int j = 0; j < AN_PER; ++j) ss = an_sq(ss, ov[j]);
+            inv = an_inv(row_sum(ss, scratch), n, eps);
         }
 #pragma unroll
         for (int j = 0; j < AN_PER; ++j) {
             const int i = t + j * T;
-            xv[j] += w_post ? ov[j] * inv * wp[j] : ov[j];
+            xv[j] = an_resid(xv[j], ov[j], inv, wp[j], w_post != nullptr);
             if (i < n) xr[i] = xv[j];
         }
     }
     if (w_next) {
         float ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < AN_PER; ++j) ss += xv[j] * xv[j];
-        const float inv = rsqrtf(row_sum(ss, scratch) / (float)n + eps);
+        for (int j = 0; j < AN_PER; ++j) ss = an_sq(ss, xv[j]);
+        const float inv = an_inv(row_sum(ss, scratch), n, eps);
         float* hr = h + (i64)blockIdx.x * n;
 #pragma unroll
         for (int j = 0; j < AN_PER; ++j) {
             const int i = t + j * T;
-            if (i < n) hr[i] = xv[j] * inv * wn[j];
+            if (i < n) hr[i] = an_out(xv[j], inv, wn[j]);
         }
     }
 }

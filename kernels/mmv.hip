@@ -24,6 +24,7 @@
 //   already wrote that same layout there (when it does not fit MVQ_SMEM<RM>).
 // flags: bit 0 prefetches the block's first items into L2 while x is quantized; bits 1-2 give
 //   how many items ahead of the one computed are prefetched (NVIDIA only; no-ops elsewhere).
+#include "add_norm.h"
 #include "mmv.h"
 
 #define DESC_LEN 8
@@ -290,12 +291,72 @@ FORGE_DEV float mvq_act(float a, int act) {
                     : a / (1.0f + expf(-a));
 }
 
+#define MVQ_NORM_K 1024  // longest row whose add_norm a one-row product takes over (plan.MVQ_NORM_K)
+
+// layer.hip's add_norm folded into a one-row product (the *_r1n kernels): the product's x is
+// h = rmsnorm(xin + (w_post ? rmsnorm(o) * w_post : o)) * w_next, computed by every block into
+// shared memory with add_norm.h's arithmetic in one warp, lane l taking elements l + warp * j as
+// add_norm's one-warp launch does (K <= MVQ_NORM_K): the same bits. Block 0 also stores the
+// residual xin + ... into xout (not xin: other blocks are still reading it).
+struct MvqNorm {
+    const float* xin;
+    const float* o;
+    const float* w_post;
+    const float* w_next;
+    float* xout;
+    float eps;
+};
+
+template <bool NORM> struct MvqNormSmem {  // one float each without NORM
+    enum { k = NORM ? MVQ_NORM_K : 1 };
+    float h[k], o[k], wp[k], wn[k];
+};
+
+// Before the wait: the norm weights into shared memory (no kernel writes them).
+template <class S> FORGE_DEV void mvq_norm_weights(const MvqNorm& a, int K, S& s) {
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        s.wp[k] = a.w_post ? a.w_post[k] : 0.0f;
+        s.wn[k] = a.w_next[k];
+    }
+}
+
+// After the wait: s.h = h (whole block; ends with a barrier).
+template <class S> FORGE_DEV void mvq_add_norm(const MvqNorm& a, int K, S& s) {
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {  // the whole block loads: one round trip
+        s.o[k] = a.o[k];
+        s.h[k] = a.xin[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < FORGE_WARP) {
+        const int lane = threadIdx.x;
+        const bool post = a.w_post != nullptr;
+        float ss = 0.0f, inv_o = 1.0f;
+        if (post) {
+            for (int k = lane; k < K; k += FORGE_WARP) ss = an_sq(ss, s.o[k]);
+            inv_o = an_inv(warp_sum(ss), K, a.eps);
+        }
+        ss = 0.0f;
+        for (int k = lane; k < K; k += FORGE_WARP) {
+            const float v = an_resid(s.h[k], s.o[k], inv_o, s.wp[k], post);
+            s.h[k] = v;
+            ss = an_sq(ss, v);
+            if (blockIdx.x == 0) a.xout[k] = v;
+        }
+        const float inv = an_inv(warp_sum(ss), K, a.eps);
+        for (int k = lane; k < K; k += FORGE_WARP) s.h[k] = an_out(s.h[k], inv, s.wn[k]);
+    }
+    __syncthreads();
+}
+
 // count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
-// block needs before any descriptor is read: x [R, K], need, items.
-template <int RM, bool GEN>
+// block needs before any descriptor is read: x [R, K], need, items. nm (NORM): x is not read; the
+// one row (R = 1, K <= MVQ_NORM_K) is computed from nm, and quantized in-block (xg = 0, need > 0).
+template <int RM, bool GEN, bool NORM = false>
 FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
-                        int K, int need, int items, const u8* xg, int flags, int act) {
+                        int K, int need, int items, const u8* xg, int flags, int act,
+                        const MvqNorm* nm = nullptr) {
     __shared__ V4 xs[MvqSmem<RM>::bytes / 16];
+    __shared__ MvqNormSmem<NORM> ns;
     const bool glu = act >= 0;
     const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
     if ((int)blockIdx.x >= items) return;
@@ -306,6 +367,7 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
             mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x + a * gridDim.x);
         }
     }
+    if (NORM) mvq_norm_weights(*nm, K, ns);
     FORGE_GRID_WAIT();
     const int rs = R * K + R * K / 4;
     u8* base = xg ? (u8*)xg : (u8*)xs;
@@ -313,6 +375,10 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
     XQ x1, x2;
     x1.q = (const i8*)base, x1.ds = (const F2*)(base + R * K), x1.K = K;
     x2.q = (const i8*)(base + off2), x2.ds = (const F2*)(base + off2 + R * K), x2.K = K;
+    if (NORM) {
+        mvq_add_norm(*nm, K, ns);
+        x = ns.h;
+    }
     if (!xg && need) {
         mvq_quantize(x, K, R, need, base, 0, off2, 0, blockDim.x >> 5);
         __syncthreads();
@@ -390,6 +456,25 @@ MVQ_KERNELS(r8, 8, false, 2)
 MVQ_KERNELS(r16, 16, false, 2)
 MVQ_KERNELS(r32, 32, false, 1)
 MVQ_KERNELS(gen, 8, true, 2)  // any type, R <= 8
+
+// One-row products whose x is add_norm's h (MvqNorm), computed in each block: the decode step's
+// add_norm launches fold into the products that read their output.
+#define MVQ_NORM_ARGS                                                                        \
+    const float *__restrict__ xin, const float *__restrict__ o, const float *__restrict__ w_post, \
+        const float *__restrict__ w_next, float *__restrict__ xout, float eps
+FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
+    mvq_multi_r1n(const i64* __restrict__ descs, int first, int count, int R, int G,
+                  const float* x, int K, int need, int items, const u8* xg, int flags,
+                  MVQ_NORM_ARGS) {
+    const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
+    mvq_body<1, false, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1, &nm);
+}
+FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
+    mvq_glu_r1n(const i64* __restrict__ descs, int first, int R, int G, const float* x, int K,
+                int need, int items, const u8* xg, int flags, int act, MVQ_NORM_ARGS) {
+    const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
+    mvq_body<1, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act, &nm);
+}
 
 // x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared
 // memory). need: bit 0 blocks of 32, bit 1 blocks of 256. block = 256, grid = ceil(R * K/256 / 8).

@@ -27,6 +27,7 @@ class FakeRuntime:
         self.free_bytes, self.fail_upload_at = free, fail_upload_at
         self.next, self.live, self.uploads = 1 << 32, {}, 0
         self.launches, self.capturing, self.replays = [], False, 0
+        self.launch_args: list[tuple[str, list[int]]] = []
         self.bound_threads: list[int] = []
 
     def bind(self):
@@ -86,6 +87,7 @@ class FakeRuntime:
         assert overlap == (self.capturing and kernel.overlaps)  # only graph launches overlap
         assert all(int(g) >= 1 for g in grid) and int(block[0]) <= 1024
         self.launches.append((kernel.name, tuple(grid), self.capturing))
+        self.launch_args.append((kernel.name, [int(getattr(a, "ptr", a)) for a in args]))
 
     def begin_capture(self, stream):
         self.capturing = True
@@ -142,6 +144,37 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])
+def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
+    """A batch-1 step with integer weight types: every add_norm after the first is computed by
+    the product reading its output (mvq_*_r1n), the residual alternating between ws.x and ws.x2;
+    float weights (llama-f32) and fuse_norm off keep the separate launches. Two-row steps too."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, name, rt)
+    runner.allocate_kv(32, 16)
+    n_layer, table = runner.spec.n_layer, np.arange(3, dtype=np.int32)
+    counts = {}
+    for fuse, rows in ((True, 1), (False, 1), (True, 2)):
+        runner.plan.fuse_norm = fuse
+        runner.graphs.clear()
+        rt.launches.clear()
+        if fuse and rows == 1:
+            rt.launch_args.clear()
+        batch = [SeqBatch(np.array([5 + r], np.int32), 3, table + 3 * r) for r in range(rows)]
+        runner.forward_argmax(batch)
+        names = [n for n, _, _ in rt.launches]
+        counts[fuse, rows] = (names.count("add_norm"), sum(n.endswith("_r1n") for n in names))
+    fusable = name != "llama-f32.gguf"
+    assert counts[True, 1] == ((1, 2 * n_layer) if fusable else (2 * n_layer + 1, 0))
+    assert counts[False, 1] == counts[True, 2] == (2 * n_layer + 1, 0)
+    if fusable:  # the residual leaves each fused add_norm in the other buffer
+        ws = runner.ws
+        fused = [a for n, a in rt.launch_args if n.endswith("_r1n")]
+        assert len(fused) == 2 * n_layer
+        assert all(a[-6] != a[-2] and {a[-6], a[-2]} == {ws.x, ws.x2} for a in fused)
+    runner.close()
 
 
 def test_forward_on_another_thread_binds_the_device_there(golden_dir):

@@ -22,6 +22,8 @@ EARLY_WORK = {
     "add_norm": ("its norm weights", "add_norm"),
     "mvq_multi_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
+    "mvq_multi_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
+    "mvq_glu_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
 }  # fmt: skip
 
 KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?([\w#]+)\s*\([^)]*\)\s*\{")

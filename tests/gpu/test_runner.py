@@ -240,3 +240,29 @@ def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_di
             sched.stop(5)
     finally:
         model.runner.close()
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "qwen3-q4_k_m.gguf"])
+def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, name):
+    """Batch-1 decode steps whose add_norms run inside the products (mvq_*_r1n, the residual
+    alternating buffers) give exactly the logits of the same steps with separate add_norm
+    launches (both compute add_norm.h's arithmetic in one warp)."""
+    runner = _runner(rt, golden_dir, name)
+    runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
+    try:
+        rng = np.random.default_rng()
+        ids = rng.integers(1, runner.spec.n_vocab, size=13).astype(np.int32)
+        table = np.arange(8, dtype=np.int32)[::-1].copy()
+        logits, launched = {}, 0
+        for fuse in (True, False):
+            runner.plan.fuse_norm = fuse
+            runner.graphs.clear()
+            runner.forward([SeqBatch(ids[:9], 0, table, "none")])
+            logits[fuse] = np.stack([runner.forward([SeqBatch(ids[p : p + 1], p, table)])[0][0]
+                                     for p in range(9, 13)])  # fmt: skip
+            launched = launched if not fuse else runner.graphs.kernels[1]
+        np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
+        print(f"{name}: {launched} kernels per fused step")
+        assert launched == 5 * runner.spec.n_layer + 4  # the first add_norm stays a launch
+    finally:
+        runner.close()

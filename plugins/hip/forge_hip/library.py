@@ -43,6 +43,8 @@ KERNELS: dict[str, tuple[str, str]] = {
     **{f"mvq_multi_{v}": ("mmv.hip", "piiiipiiipi") for v in MVQ_VARIANTS},
     **{f"mvq_glu_{v}": ("mmv.hip", "piiipiiipii") for v in MVQ_VARIANTS},
     "mvq_quant": ("mmv.hip", "ppiii"),
+    "mvq_multi_r1n": ("mmv.hip", "piiiipiiipi" + "pppppf"),  # + add_norm's (mmv.hip MvqNorm)
+    "mvq_glu_r1n": ("mmv.hip", "piiipiiipii" + "pppppf"),
     "act_half": ("gemm.hip", "ppii"),
     "gemm_m128": ("gemm.hip", "pii"),
     "gemm_m64": ("gemm.hip", "pii"),

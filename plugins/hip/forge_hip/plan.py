@@ -60,6 +60,7 @@ MVQ_MAX_ROWS = 32
 MVQ_MAX_WORK = 56 << 20
 # mmv.hip's kernel rows (RM): a product takes the smallest that holds its rows.
 MVQ_RM = (1, 2, 4, 8, 16, 32)
+MVQ_NORM_K = 1024  # mmv.hip's MVQ_NORM_K: longest row the *_r1n kernels norm themselves
 MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
@@ -142,6 +143,8 @@ class Plan:
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
         self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
+        self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
+        self._head_norm: list | None = None  # the last add_norm, left to output()
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -196,11 +199,14 @@ class Plan:
         return first
 
     # -- matrix products --------------------------------------------------------------------------
-    def matmul(self, first: int, count: int, rows: int) -> None:
+    def matmul(self, first: int, count: int, rows: int, norm: list | None = None) -> None:
+        """Products of descriptors first .. first + count - 1 over `rows` rows of their x; with
+        `norm` (add_norm's arguments, when norm_fusable), x is that add_norm's output, computed
+        by the product's kernel itself."""
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
             if rows <= self._mv_rows(first, count):
-                self._matvec(first, count, rows)
+                self._matvec(first, count, rows, norm=norm)
             else:
                 self._gemm(first, count, rows)
             return
@@ -219,11 +225,29 @@ class Plan:
         mats = [p for p, _ in self.mats[first : first + count]]
         return mvq_max_rows([p.type for p in mats], sum(p.n * p.k for p in mats))
 
-    def _matvec(self, first: int, count: int, rows: int, act: int | None = None) -> None:
+    def norm_fusable(self, first: int, count: int, rows: int) -> bool:
+        """Whether the product of descriptors first .. first + count - 1 over `rows` rows can take
+        over the add_norm that makes its x (mmv.hip's *_r1n kernels, computing the bits add_norm's
+        one-warp launch would): one row, built-in integer kernels quantizing x in their blocks,
+        rows of at most MVQ_NORM_K."""
+        mats = self.mats[first : first + count]
+        types = [p.type for p, _ in mats]
+        k = mats[0][0].k
+        one_warp = add_norm_threads(k, self.warp) == self.warp  # the same bits as add_norm
+        return (self.fuse_norm and rows == 1 and self.round_prefill and k <= MVQ_NORM_K
+                and one_warp
+                and all(impl == BUILTIN_MATMUL for _, impl in mats)
+                and all(ROUND_MODE[t] in (1, 2) for t in types) and not MVQ_GEN & set(types)
+                and not mvq_global_x(mvq_need(types), 1, k, 1))  # fmt: skip
+
+    def _matvec(
+        self, first: int, count: int, rows: int, act: int | None = None, norm: list | None = None
+    ) -> None:
         """Decode products (few rows) of descriptors first .. first + count - 1, which share x:
         mmv.hip with int8 activations rounded as prefill rounds them; without rounding
         (round_prefill off) linear.hip's float kernels. `act`: the gated product (gate, up) with
-        that activation."""
+        that activation. `norm`: add_norm's (xin, o, w_post, w_next, xout, eps), computed by the
+        product's blocks (norm_fusable must hold)."""
         mats = [p for p, _ in self.mats[first : first + count]]
         ws = self.ws
         if not self.round_prefill:
@@ -248,12 +272,13 @@ class Plan:
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
                         [x, xg, k, rows, need])  # fmt: skip
         tail = [x, k, need, items, xg, self.mvq_flags]
+        fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
-            self.launch(self.lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
-                        [ws.descs, first, count, rows, g, *tail])  # fmt: skip
+            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+                        [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
         else:
-            self.launch(self.lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
-                        [ws.descs, first, rows, g, *tail, act])  # fmt: skip
+            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+                        [ws.descs, first, rows, g, *tail, act, *extra])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
         """Prefill products (many rows) of descriptors first .. first + count - 1: on tensor cores
@@ -287,13 +312,13 @@ class Plan:
         blocks = -(-rows // 128) * sum(-(-n // GEMM_N) for n in ns)
         return 128 if 2 * blocks >= self.lib.runtime.props.compute_units else 64
 
-    def glu(self, first: int, rows: int) -> None:
-        """g = act(h Wg^T) * (h Wu^T)."""
+    def glu(self, first: int, rows: int, norm: list | None = None) -> None:
+        """g = act(h Wg^T) * (h Wu^T); `norm` as for matmul."""
         s, ws = self.spec, self.ws
         act = 1 if s.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
         if fused and rows <= self._mv_rows(first, 2):
-            self._matvec(first, 2, rows, act)
+            self._matvec(first, 2, rows, act, norm)
             return
         self.matmul(first, 2, rows)
         n = rows * s.n_ff
@@ -337,12 +362,25 @@ class Plan:
         e, eps = s.n_embd, s.rms_eps
         splits = max(1, min(splits, PART_ROWS // rows))
         an = add_norm_threads(e, self.warp)
+        res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
+
+        def add_norm(o, w_post, w_next, first, count):
+            """x += post(o); h = norm(x) * w_next, or its arguments for the product of
+            descriptors first .. (count) that will compute it itself (None: the head)."""
+            if first is None or not self.norm_fusable(first, count, rows):
+                L(op["add_norm"], (rows,), (an,), [res[0], o, w_post, w_next, ws.h, e, eps])
+                return None
+            args = [res[0], o, w_post, w_next, res[1], eps]
+            res.reverse()
+            return args
+
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
         L(op["add_norm"], (rows,), (an,),
           [ws.x, 0, 0, self.layers[0]["attn_norm"], ws.h, e, eps])  # fmt: skip
+        self._head_norm = norm = None
         for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
             kc, vc = kv.layer(i)
-            self.matmul(layer["qkv"], 3, rows)
+            self.matmul(layer["qkv"], 3, rows, norm)
             rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, eps]
             att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, int(kv.f16)]
             if decode:
@@ -361,24 +399,33 @@ class Plan:
                        ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
                        *att])  # fmt: skip
             self.matmul(layer["wo"], 1, rows)
-            L(op["add_norm"], (rows,), (an,),
-              [ws.x, ws.o, layer["post_attn"], layer["ffn_norm"], ws.h, e, eps])  # fmt: skip
-            self.glu(layer["gate_up"], rows)
+            norm = add_norm(ws.o, layer["post_attn"], layer["ffn_norm"], layer["gate_up"], 2)
+            self.glu(layer["gate_up"], rows, norm)
             self.matmul(layer["down"], 1, rows)
-            nxt = self.layers[i + 1]["attn_norm"] if i + 1 < s.n_layer else self.output_norm
-            L(op["add_norm"], (rows,), (an,),
-              [ws.x, ws.o, layer["post_ffn"], nxt, ws.h, e, eps])  # fmt: skip
+            if i + 1 < s.n_layer:
+                nxt = self.layers[i + 1]
+                norm = add_norm(ws.o, layer["post_ffn"], nxt["attn_norm"], nxt["qkv"], 3)
+            elif self.norm_fusable(self.out_h, 1, rows):  # output() decides (gathered or not)
+                self._head_norm = [res[0], ws.o, layer["post_ffn"], self.output_norm, res[1], eps]
+            else:
+                add_norm(ws.o, layer["post_ffn"], self.output_norm, None, 1)
 
     def output(self, rows: int, gather_idx: int | None, picks: tuple[int, int] | None) -> None:
         """Logits of `rows` rows of ws.h (gathered through `gather_idx` when given) into
         ws.logits; with `picks` = (sampling parameters, their field stride), one token per row
         into ws.am (parameter row i, or gather_idx[i] when gathering: see sampling.hip)."""
-        ws = self.ws
+        ws, norm, self._head_norm = self.ws, self._head_norm, None
+        if norm is not None and gather_idx is not None:  # the last add_norm, unfused after all
+            xin, o, w_post, w_next, _, eps = norm
+            e = self.spec.n_embd
+            self.launch(self.op["add_norm"], (rows,), (add_norm_threads(e, self.warp),),
+                        [xin, o, w_post, w_next, ws.h, e, eps])  # fmt: skip
+            norm = None
         if gather_idx is not None:
             L = self.launch
             L(self.op["gather_rows"], (rows,), (NORM_THREADS,),
               [ws.h, gather_idx, ws.hg, self.spec.n_embd])  # fmt: skip
-        self.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows)
+        self.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows, norm)
         if picks is not None:
             params, stride = picks
             parts = sample_parts(self.spec.n_vocab, rows, self.lib.runtime.props.compute_units)

@@ -31,6 +31,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
     return {
         **{f"r{mode}": 4 * r * widest for mode in (1, 2, 3, 4)},  # rounded activations
         "x": 4 * r * s.n_embd,
+        "x2": 4 * s.n_embd,  # the residual's other buffer for one-row steps (fused add_norm)
         "h": 4 * r * s.n_embd,
         "o": 4 * r * s.n_embd,
         "q": 4 * r * s.n_head * s.head_dim,
