@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -42,30 +43,40 @@ def _unaccepted(output: str) -> list[str]:
     return [ln for ln in lines if not any(a in ln for a in ACCEPTED_WARNINGS)]
 
 
+def _hipcc(source: str, arch: str, out: Path) -> tuple[int, str, int]:
+    """(return code, compiler output, object size) of one device-only compile."""
+    env = dict(os.environ, HIP_PLATFORM="amd")
+    cmd = ["hipcc", f"--offload-arch={arch}", "--cuda-device-only", "-c", "-O3", "-Wall",
+           "-Wextra", str(kernel_dir() / source), "-o", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr, out.stat().st_size if out.exists() else 0
+
+
+@pytest.fixture(scope="session")
+def hipcc_results(request, tmp_path_factory) -> dict[tuple[str, str], tuple[int, str, int]]:
+    """The (source, arch) compiles the selected tests check, run at once over the machine's
+    cores (largest sources first): they are independent, and mmv.hip alone takes about a minute
+    per arch."""
+    out = tmp_path_factory.mktemp("hipcc")
+    wanted = {(item.callspec.params["source"], item.callspec.params["arch"])
+              for item in request.session.items
+              if getattr(item, "originalname", "") == "test_hipcc_compiles"}  # fmt: skip
+    keys = sorted(wanted, key=lambda k: -(kernel_dir() / k[0]).stat().st_size)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        jobs = {k: pool.submit(_hipcc, *k, out / f"{k[0]}.{k[1]}.o") for k in keys}
+        return {k: job.result() for k, job in jobs.items()}
+
+
 @pytest.mark.skipif(
     shutil.which("hipcc") is None, reason="hipcc not installed (CI installs Debian's hipcc)"
 )
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", SOURCES)
-def test_hipcc_compiles(source, arch, tmp_path):
-    env = dict(os.environ, HIP_PLATFORM="amd")
-    cmd = [
-        "hipcc",
-        f"--offload-arch={arch}",
-        "--cuda-device-only",
-        "-c",
-        "-O3",
-        "-Wall",
-        "-Wextra",
-        str(kernel_dir() / source),
-        "-o",
-        str(tmp_path / "out.o"),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
+def test_hipcc_compiles(source, arch, hipcc_results):
+    returncode, output, size = hipcc_results[source, arch]
+    assert returncode == 0, output
     assert _unaccepted(output) == [], output
-    assert (tmp_path / "out.o").stat().st_size > 0
+    assert size > 0
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc not installed")
