@@ -230,12 +230,13 @@ class Plan:
         over the add_norm that makes its x (mmv.hip's *_r1n kernels, computing the bits add_norm's
         one-warp launch would): one row, built-in integer kernels quantizing x in their blocks,
         rows of at most MVQ_NORM_K."""
+        if not (self.fuse_norm and rows == 1 and self.round_prefill):
+            return False  # (every prefill pass asks, per layer)
         mats = self.mats[first : first + count]
         types = [p.type for p, _ in mats]
         k = mats[0][0].k
         one_warp = add_norm_threads(k, self.warp) == self.warp  # the same bits as add_norm
-        return (self.fuse_norm and rows == 1 and self.round_prefill and k <= MVQ_NORM_K
-                and one_warp
+        return (k <= MVQ_NORM_K and one_warp
                 and all(impl == BUILTIN_MATMUL for _, impl in mats)
                 and all(ROUND_MODE[t] in (1, 2) for t in types) and not MVQ_GEN & set(types)
                 and not mvq_global_x(mvq_need(types), 1, k, 1))  # fmt: skip
@@ -359,29 +360,27 @@ class Plan:
         fused launch per layer). `splits`: most splits of an attention over the KV length (the
         kernels use fewer for short contexts, one split needing no merge)."""
         s, ws, op, L = self.spec, self.ws, self.op, self.launch
-        e, eps = s.n_embd, s.rms_eps
+        e = s.n_embd
         splits = max(1, min(splits, PART_ROWS // rows))
-        an = add_norm_threads(e, self.warp)
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count):
-            """x += post(o); h = norm(x) * w_next, or its arguments for the product of
-            descriptors first .. (count) that will compute it itself (None: the head)."""
-            if first is None or not self.norm_fusable(first, count, rows):
-                L(op["add_norm"], (rows,), (an,), [res[0], o, w_post, w_next, ws.h, e, eps])
+            """x += post(o); h = norm(x) * w_next, launched, or (norm_fusable) its arguments for
+            the product of descriptors first .. first + count - 1 to compute it itself."""
+            if not self.norm_fusable(first, count, rows):
+                self._add_norm(rows, res[0], o, w_post, w_next)
                 return None
-            args = [res[0], o, w_post, w_next, res[1], eps]
+            args = [res[0], o, w_post, w_next, res[1], s.rms_eps]
             res.reverse()
             return args
 
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
-        L(op["add_norm"], (rows,), (an,),
-          [ws.x, 0, 0, self.layers[0]["attn_norm"], ws.h, e, eps])  # fmt: skip
-        self._head_norm = norm = None
+        self._add_norm(rows, ws.x, 0, 0, self.layers[0]["attn_norm"])
+        norm = None
         for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
             kc, vc = kv.layer(i)
             self.matmul(layer["qkv"], 3, rows, norm)
-            rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, eps]
+            rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, s.rms_eps]
             att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, int(kv.f16)]
             if decode:
                 L(op["attn_decode"], (s.n_head, rows, splits), (ATT_THREADS,),
@@ -405,10 +404,14 @@ class Plan:
             if i + 1 < s.n_layer:
                 nxt = self.layers[i + 1]
                 norm = add_norm(ws.o, layer["post_ffn"], nxt["attn_norm"], nxt["qkv"], 3)
-            elif self.norm_fusable(self.out_h, 1, rows):  # output() decides (gathered or not)
-                self._head_norm = [res[0], ws.o, layer["post_ffn"], self.output_norm, res[1], eps]
-            else:
-                add_norm(ws.o, layer["post_ffn"], self.output_norm, None, 1)
+            else:  # the head's: output() decides whether it computes it (gathered rows or not)
+                self._head_norm = add_norm(ws.o, layer["post_ffn"], self.output_norm, self.out_h, 1)
+
+    def _add_norm(self, rows: int, x: int, o: int, w_post: int, w_next: int) -> None:
+        """layer.hip's add_norm over `rows` rows: x += post(o) (when o), ws.h = norm(x) * w_next."""
+        e = self.spec.n_embd
+        self.launch(self.op["add_norm"], (rows,), (add_norm_threads(e, self.warp),),
+                    [x, o, w_post, w_next, self.ws.h, e, self.spec.rms_eps])  # fmt: skip
 
     def output(self, rows: int, gather_idx: int | None, picks: tuple[int, int] | None) -> None:
         """Logits of `rows` rows of ws.h (gathered through `gather_idx` when given) into
@@ -416,10 +419,7 @@ class Plan:
         into ws.am (parameter row i, or gather_idx[i] when gathering: see sampling.hip)."""
         ws, norm, self._head_norm = self.ws, self._head_norm, None
         if norm is not None and gather_idx is not None:  # the last add_norm, unfused after all
-            xin, o, w_post, w_next, _, eps = norm
-            e = self.spec.n_embd
-            self.launch(self.op["add_norm"], (rows,), (add_norm_threads(e, self.warp),),
-                        [xin, o, w_post, w_next, ws.h, e, eps])  # fmt: skip
+            self._add_norm(1, *norm[:4])  # (left only by one-row passes)
             norm = None
         if gather_idx is not None:
             L = self.launch
