@@ -28,7 +28,7 @@
 // calls it; no barrier: norm_rope's first barrier orders it before any use).
 FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base) {
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
+        const float theta = rope_theta(i, n_rot, p, base);
         rc[2 * i] = cosf(theta);
         rc[2 * i + 1] = sinf(theta);
     }
@@ -56,7 +56,7 @@ FORGE_DEV void norm_rope(const float* src, const float* nw, float* hs, float* ds
                 c = rc[2 * i];
                 s = rc[2 * i + 1];
             } else {
-                const float theta = p * powf(base, -2.0f * (float)i / (float)n_rot);
+                const float theta = rope_theta(i, n_rot, p, base);
                 c = cosf(theta);
                 s = sinf(theta);
             }

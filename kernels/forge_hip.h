@@ -49,6 +49,14 @@ typedef long long i64;
     } while (0)
 #endif
 
+#if !defined(FORGE_HOST)
+// RoPE: the angle of rotation pair i of n_rot at position p (every RoPE path uses this one form,
+// so prefill, decode and the standalone kernels rotate by the same bits).
+FORGE_DEV float rope_theta(int i, int n_rot, float p, float base) {
+    return p * powf(base, -2.0f * (float)i / (float)n_rot);
+}
+#endif
+
 // ---- half and bfloat16 (stored as raw 16-bit words) ----
 FORGE_DEV float bits_to_float(u32 b) {
 #if defined(FORGE_HOST)

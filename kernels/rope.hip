@@ -18,7 +18,7 @@ FORGE_KERNEL void rope_norm(float* x, const i32* __restrict__ pos, int n_heads, 
     float* xh = x + ((i64)blockIdx.y * n_heads + blockIdx.x) * head_dim;
     float p = (float)pos[blockIdx.y] * freq_scale;
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        rope_pair(xh, 2 * i, 2 * i + 1, p * powf(base, -2.0f * (float)i / (float)n_rot));
+        rope_pair(xh, 2 * i, 2 * i + 1, rope_theta(i, n_rot, p, base));
     }
 }
 
@@ -29,6 +29,6 @@ FORGE_KERNEL void rope_neox(float* x, const i32* __restrict__ pos, int n_heads, 
     float p = (float)pos[blockIdx.y] * freq_scale;
     int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        rope_pair(xh, i, i + half, p * powf(base, -2.0f * (float)i / (float)n_rot));
+        rope_pair(xh, i, i + half, rope_theta(i, n_rot, p, base));
     }
 }
