@@ -24,8 +24,52 @@
 #define ATT_SPLIT_MIN 128  // positions per split at least
 #define ATT_NEG (-3.402823466e38f)
 
-// rc[2 i], rc[2 i + 1] = cos, sin of rotation i of n_rot / 2 at position p (the whole block
-// calls it; no barrier: norm_rope's first barrier orders it before any use).
+FORGE_DEV void warp_sync() {  // orders a warp's shared-memory writes before its later reads
+#if defined(FORGE_AMD)
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+    __syncwarp();
+#endif
+}
+
+struct alignas(16) V4 {
+    u32 x, y, z, w;
+};
+
+struct alignas(16) F4 {
+    float x, y, z, w;
+};
+
+// ---- one head in a warp's registers ----
+// A warp holds a head of D elements in G = FORGE_WARP / LPP groups of LPP lanes, each group the
+// whole head: lane e = lane % LPP holds E = 8 VPL elements, register i being element
+// hd(i, e) = (i / 8) 8 LPP + 8 e + i % 8 (8 consecutive elements per 8 registers, so 16-byte
+// loads). attend() keeps q and its output in this layout; the decode kernel norms and rotates
+// Q/K heads in it without block barriers, and qk_rope_store does the same so that both paths
+// store the same K bits.
+template <int LPP> FORGE_DEV int hd(int i, int e) { return (i / 8) * 8 * LPP + 8 * e + i % 8; }
+
+// x[i] = src[hd(i, e)], 0 past n (n a multiple of 8, src 16-byte aligned).
+template <int LPP, int VPL> FORGE_DEV void head_load(const float* src, int n, int e, float* x) {
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        const int d = hd<LPP>(8 * v, e);
+        F4 a = {0.0f, 0.0f, 0.0f, 0.0f}, b = a;
+        if (d < n) {
+            a = *(const F4*)(src + d);
+            b = *(const F4*)(src + d + 4);
+        }
+        x[8 * v] = a.x, x[8 * v + 1] = a.y, x[8 * v + 2] = a.z, x[8 * v + 3] = a.w;
+        x[8 * v + 4] = b.x, x[8 * v + 5] = b.y, x[8 * v + 6] = b.z, x[8 * v + 7] = b.w;
+    }
+}
+
+// rc[2 i], rc[2 i + 1] = cos, sin of rotation i of n_rot / 2 at position p, computed by the whole
+// block (one angle per thread: a warp computing all of a head's is several times slower); the
+// caller puts a barrier between this and the reads. Reads no kernel output (callable before the
+// wait).
 FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base) {
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
         const float theta = rope_theta(i, n_rot, p, base);
@@ -34,49 +78,132 @@ FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base) {
     }
 }
 
-// dst[i] = post * rope(rmsnorm(src) * nw)[i] over one head of D (norm only when nw, rotation of
-// the first n_rot dims at position p, or by the rope_table rc when given). The whole block calls
-// it; hs is D floats of shared scratch (not dst); ends with a barrier. dst may be global or shared.
-FORGE_DEV void norm_rope(const float* src, const float* nw, float* hs, float* dst, float* scratch,
-                         int D, int n_rot, int neox, float p, float base, float eps, float post,
-                         const float* rc = nullptr) {
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        hs[d] = src[d];
-        ss += hs[d] * hs[d];
-    }
-    const float inv = nw ? rsqrtf(block_sum(ss, scratch) / (float)D + eps) : 1.0f;
-    __syncthreads();
+// RoPE of this lane's elements from rope_table's rc: out = x c + x[partner] s (s carries the
+// sign); c = 1, s = 0 past the n_rot rotated dims.
+template <int LPP, int VPL>
+FORGE_DEV void head_rope_coef(const float* rc, float* c, float* s, int e, int n_rot, int neox) {
     const int half = n_rot / 2;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        if (i < half) {
-            const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            float c, s;
-            if (rc) {
-                c = rc[2 * i];
-                s = rc[2 * i + 1];
-            } else {
-                const float theta = rope_theta(i, n_rot, p, base);
-                c = cosf(theta);
-                s = sinf(theta);
-            }
-            float x0 = hs[a], x1 = hs[b];
-            if (nw) {
-                x0 *= inv * nw[a];
-                x1 *= inv * nw[b];
-            }
-            dst[a] = (x0 * c - x1 * s) * post;
-            dst[b] = (x0 * s + x1 * c) * post;
-        } else if (i >= 2 * half) {  // dims past the rotated ones
-            dst[i] = (nw ? hs[i] * inv * nw[i] : hs[i]) * post;
+#pragma unroll
+    for (int i = 0; i < 8 * VPL; ++i) {
+        const int d = hd<LPP>(i, e);
+        c[i] = 1.0f;
+        s[i] = 0.0f;
+        if (d < 2 * half) {
+            const bool first = neox ? d < half : (d & 1) == 0;
+            const int ri = neox ? (first ? d : d - half) : d / 2;
+            c[i] = rc[2 * ri];
+            s[i] = first ? -rc[2 * ri + 1] : rc[2 * ri + 1];
         }
     }
-    __syncthreads();
+}
+
+// x = post * rope(rmsnorm(x) * w) over one head (the norm only when `norm`; w: this lane's
+// weights). c, s from head_rope_coef. xch: D floats of shared memory private to the warp (the
+// rotation's partners cross lanes); `writer`: the lane's group is the one that fills it.
+template <int LPP, int VPL>
+FORGE_DEV void head_norm_rope(float* x, const float* w, bool norm, const float* c, const float* s,
+                              float* xch, int D, int n_rot, int neox, float eps, float post, int e,
+                              bool writer) {
+    constexpr int E = 8 * VPL;
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) ss += x[i] * x[i];
+#pragma unroll
+        for (int o = LPP / 2; o > 0; o >>= 1) ss += shfl_xor(ss, o);
+        const float inv = rsqrtf(ss / (float)D + eps);
+#pragma unroll
+        for (int i = 0; i < E; ++i) x[i] = x[i] * inv * w[i];
+    }
+    const int half = n_rot / 2;
+    if (half > 0) {
+        if (writer) {
+#pragma unroll
+            for (int i = 0; i < E; ++i) {
+                if (hd<LPP>(i, e) < 2 * half) xch[hd<LPP>(i, e)] = x[i];
+            }
+        }
+        warp_sync();
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            const int d = hd<LPP>(i, e);
+            if (d < 2 * half) {
+                const int pd = neox ? (d < half ? d + half : d - half) : d ^ 1;
+                x[i] = x[i] * c[i] + xch[pd] * s[i];
+            }
+        }
+        warp_sync();  // xch may be written again
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) x[i] *= post;
+}
+
+// The lane's norm weights (1 without a norm).
+template <int LPP, int VPL> FORGE_DEV void head_weights(const float* nw, int D, int e, float* w) {
+    if (nw) head_load<LPP, VPL>(nw, D, e, w);
+    else {
+#pragma unroll
+        for (int i = 0; i < 8 * VPL; ++i) w[i] = 1.0f;
+    }
+}
+
+// Store a head (this lane's elements below n) into a cache row, f16 or f32.
+template <int LPP, int VPL>
+FORGE_DEV void head_store(const float* x, void* cache, i64 at, int n, int e, int f16) {
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        const int d = hd<LPP>(8 * v, e);
+        if (d >= n) continue;
+        const float* y = x + 8 * v;
+        if (f16) {
+            V4 h;
+            h.x = (u32)f2h(y[0]) | ((u32)f2h(y[1]) << 16);
+            h.y = (u32)f2h(y[2]) | ((u32)f2h(y[3]) << 16);
+            h.z = (u32)f2h(y[4]) | ((u32)f2h(y[5]) << 16);
+            h.w = (u32)f2h(y[6]) | ((u32)f2h(y[7]) << 16);
+            *(V4*)((u16*)cache + at + d) = h;
+        } else {
+            const F4 a = {y[0], y[1], y[2], y[3]}, b = {y[4], y[5], y[6], y[7]};
+            *(F4*)((float*)cache + at + d) = a;
+            *(F4*)((float*)cache + at + d + 4) = b;
+        }
+    }
+}
+
+// Dispatch on the head width: the (LPP, VPL) layout attend() uses for heads of D and Dv.
+#define ATT_LAYOUT(D, Dv, CALL)                                                              \
+    do {                                                                                     \
+        const int widest_ = (D) > (Dv) ? (D) : (Dv);                                         \
+        if (widest_ <= 64) CALL(8, 1);                                                       \
+        else if (widest_ <= 128) CALL(16, 1);                                                \
+        else if (widest_ <= 256) CALL(32, 1);                                                \
+        else CALL((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));                 \
+    } while (0)
+
+// One Q or K head of qk_rope_store, in its first warp: norm and RoPE in place (k: and into the
+// cache).
+template <int LPP, int VPL>
+FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, int D, int n_rot,
+                       int neox, const float* rc, float eps, int kv_f16, float* xch) {
+    const int lane = threadIdx.x % FORGE_WARP, e = lane % LPP, grp = lane / LPP;
+    float x[8 * VPL], w[8 * VPL], c[8 * VPL], s[8 * VPL];
+    head_weights<LPP, VPL>(nw, D, e, w);
+    head_rope_coef<LPP, VPL>(rc, c, s, e, n_rot, neox);
+    head_load<LPP, VPL>(xh, D, e, x);
+    head_norm_rope<LPP, VPL>(x, w, nw != nullptr, c, s, xch, D, n_rot, neox, eps, 1.0f, e,
+                             grp == 0);
+    if (grp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 8 * VPL; ++i) {
+        if (hd<LPP>(i, e) < D) xh[hd<LPP>(i, e)] = x[i];
+    }
+    if (!is_q) head_store<LPP, VPL>(x, kc, at, D, e, kv_f16);
 }
 
 // Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
 // are stored to the cache; V heads are stored. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv].
-// Launch: grid = (H + 2 * Hkv, R), block = any multiple of the warp size.
+// Launch: grid = (H + 2 * Hkv, R), block = any multiple of the warp size (the RoPE table takes
+// the whole block, the Q/K head then its first warp).
 FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const float* __restrict__ v, const float* __restrict__ qnw,
                                 const float* __restrict__ knw, const i32* __restrict__ pos,
@@ -84,8 +211,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 int D, int Dv, int n_rot, int neox, float base, float freq_scale,
                                 float eps, int kv_f16) {
     FORGE_GRID_WAIT();
-    __shared__ float hs[LAYER_MAX_D];
-    __shared__ float scratch[32];
+    __shared__ float xch[LAYER_MAX_D], rc[LAYER_MAX_D];
     const int j = blockIdx.x, r = blockIdx.y;
     const i64 slot = slots[r];
     if (j >= H + Hkv) {  // a V head: store only
@@ -98,16 +224,16 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
         }
         return;
     }
+    rope_table(rc, n_rot, (float)pos[r] * freq_scale, base);
+    __syncthreads();
+    if (threadIdx.x >= FORGE_WARP) return;
     const bool is_q = j < H;
     float* xh = is_q ? q + ((i64)r * H + j) * D : k + ((i64)r * Hkv + (j - H)) * D;
-    norm_rope(xh, is_q ? qnw : knw, hs, xh, scratch, D, n_rot, neox, (float)pos[r] * freq_scale,
-              base, eps, 1.0f);
-    if (is_q) return;
-    const i64 dst = (slot * Hkv + (j - H)) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        if (kv_f16) ((u16*)kc)[dst + d] = f2h(xh[d]);
-        else ((float*)kc)[dst + d] = xh[d];
-    }
+    const i64 at = (slot * Hkv + (j - H)) * D;
+#define QK_HEAD(L, V) \
+    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_f16, xch)
+    ATT_LAYOUT(D, Dv, QK_HEAD);
+#undef QK_HEAD
 }
 
 FORGE_DEV int shfl_idx(int v, int src) {
@@ -143,10 +269,6 @@ struct AttArgs {
     int block_size, Hkv, kvh, D, Dv, begin, end;  // cached positions [begin, end)
 };
 
-struct alignas(16) V4 {
-    u32 x, y, z, w;
-};
-
 FORGE_DEV u32 word(const V4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
 // Element i of a lane's slice, from its 16-byte words (8 halves or 4 floats each).
@@ -179,118 +301,153 @@ FORGE_DEV void att_prefetch(const AttArgs& a, int eb) {
 #endif
 }
 
-// Online-softmax attention of each warp over its chunks of [begin, end). A warp holds
-// G = FORGE_WARP / LPP positions at once, LPP lanes each; lane e (= lane % LPP) of a group owns
-// elements 8 * LPP * v + 8 e .. + 7 (v < VPL) of the K and V rows, loaded as 16-byte words. Each
-// group keeps its running max m, sum l and output acc; the groups of a warp merge at the end,
-// which leaves (m, l, acc) in wm[warp], wl[warp], wacc[warp * LAYER_MAX_D + d].
-// qs: the scaled query. Needs D and Dv multiples of 8 and at most 8 * LPP * VPL.
+// The register tiles of the attention loop: a warp holds G = FORGE_WARP / LPP positions at once
+// (one per group of LPP lanes, each lane 8 VPL elements of the K and V rows in the hd() layout,
+// as 16-byte words), U such steps per load round: CH = G U positions per round.
+template <int LPP, int VPL, bool F16> struct AttShape {
+    static constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = F16 ? VPL : 2 * VPL;
+    // steps per round: 8 when a warp holds one position (wide heads) of a float16 cache
+    static constexpr int U = VPL == 2 ? 2 : (G == 1 && F16 ? 8 : 4);
+    static constexpr int CH = G * U;
+};
+
+template <class S> struct AttTile {
+    V4 k[S::U][S::NW], v[S::U][S::NW];
+};
+
+// Cache slot of position c0 + lane for the first n lanes (0 elsewhere and past a.end).
+FORGE_DEV int att_slot(const AttArgs& a, int c0, int lane, int n) {
+    const int p = c0 + lane;
+    return lane < n && p < a.end ? a.table[p / a.block_size] * a.block_size + p % a.block_size
+                                 : 0;
+}
+
+// Load round positions c0 + t0 + u G + grp (u < U; lane j of `my` holds the slot of c0 + j):
+// this lane's K and V pieces, zeros past a.end or past the head.
 template <int LPP, int VPL, bool F16>
-FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
-    constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = F16 ? VPL : 2 * VPL;
-    // position steps loaded at once: 8 when a warp holds one position (wide heads) of a float16
-    // cache, so that a 16-position chunk takes two rounds of loads, not four
-    constexpr int U = VPL == 2 ? 2 : (G == 1 && F16 ? 8 : 4);
-    constexpr int CH = G * U > 16 ? G * U : 16;  // positions a warp takes at once
-    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
-    const int nwarps = blockDim.x / FORGE_WARP, e = lane % LPP, grp = lane / LPP;
-    float q[E], acc[E];
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-        const int d = (i / 8) * 8 * LPP + 8 * e + i % 8;
-        q[i] = d < a.D ? qs[d] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    bool kon[VPL], von[VPL];  // which of the lane's 8-element pieces exist
-#pragma unroll
-    for (int v = 0; v < VPL; ++v) {
-        kon[v] = v * 8 * LPP + 8 * e < a.D;
-        von[v] = v * 8 * LPP + 8 * e < a.Dv;
-    }
+FORGE_DEV void att_load(const AttArgs& a, AttTile<AttShape<LPP, VPL, F16>>& t, int my, int c0,
+                        int t0, int lane) {
+    using S = AttShape<LPP, VPL, F16>;
+    const int e = lane % LPP, grp = lane / LPP;
     const i64 kstride = (i64)a.Hkv * a.D, vstride = (i64)a.Hkv * a.Dv;
-    const int per_elem = F16 ? 8 : 4;  // elements per 16-byte word
-    float m = ATT_NEG, l = 0.0f;
-    for (int c0 = a.begin + warp * CH; c0 < a.end; c0 += nwarps * CH) {
-        const int cn = a.end - c0 < CH ? a.end - c0 : CH;
-        int my = 0;  // cache slot of position c0 + lane (slot 0 stands in past the end)
-        if (lane < cn) {
-            const int p = c0 + lane;
-            my = a.table[p / a.block_size] * a.block_size + p % a.block_size;
-        }
-        for (int t0 = 0; t0 < cn; t0 += G * U) {
-            V4 kr[U][NW], vr[U][NW];
+    constexpr int per_word = F16 ? 8 : 4;  // elements per 16-byte word
+    const V4 z = {0u, 0u, 0u, 0u};
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const i64 slot = shfl_idx(my, (t0 + u * G + grp) % FORGE_WARP);
-                const i64 kb = slot * kstride + (i64)a.kvh * a.D + 8 * e;
-                const i64 vb = slot * vstride + (i64)a.kvh * a.Dv + 8 * e;
+    for (int u = 0; u < S::U; ++u) {
+        const int j = t0 + u * S::G + grp;
+        const bool in = c0 + j < a.end;
+        const i64 slot = shfl_idx(my, j % FORGE_WARP);
+        const i64 kb = slot * kstride + (i64)a.kvh * a.D + 8 * e;
+        const i64 vb = slot * vstride + (i64)a.kvh * a.Dv + 8 * e;
 #pragma unroll
-                for (int w = 0; w < NW; ++w) {
-                    const int v = w * per_elem / 8;  // which 8-element piece
-                    const int off = v * 8 * LPP + (w * per_elem) % 8;
-                    const V4 z = {0u, 0u, 0u, 0u};
-                    kr[u][w] = kon[v] ? *(const V4*)((F16 ? (const char*)a.kc + 2 * (kb + off)
-                                                          : (const char*)a.kc + 4 * (kb + off)))
-                                      : z;
-                    vr[u][w] = von[v] ? *(const V4*)((F16 ? (const char*)a.vc + 2 * (vb + off)
-                                                          : (const char*)a.vc + 4 * (vb + off)))
-                                      : z;
-                }
-            }
-            float sc[U], mx = m;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < E; ++i) dot += q[i] * elem<F16>(kr[u], i);
-#pragma unroll
-                for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
-                sc[u] = t0 + u * G + grp < cn ? dot : ATT_NEG;
-                mx = fmaxf(mx, sc[u]);
-            }
-            const float f = expf(m - mx);
-            l *= f;
-#pragma unroll
-            for (int i = 0; i < E; ++i) acc[i] *= f;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const float pu = t0 + u * G + grp < cn ? expf(sc[u] - mx) : 0.0f;
-                l += pu;
-#pragma unroll
-                for (int i = 0; i < E; ++i) acc[i] += pu * elem<F16>(vr[u], i);
-            }
-            m = mx;
+        for (int w = 0; w < S::NW; ++w) {
+            const int v = w * per_word / 8;  // which 8-element piece
+            const int off = v * 8 * LPP + (w * per_word) % 8;
+            const bool kon = in && hd<LPP>(8 * v, e) < a.D, von = in && hd<LPP>(8 * v, e) < a.Dv;
+            t.k[u][w] = kon ? *(const V4*)((const char*)a.kc + (F16 ? 2 : 4) * (kb + off)) : z;
+            t.v[u][w] = von ? *(const V4*)((const char*)a.vc + (F16 ? 2 : 4) * (vb + off)) : z;
         }
     }
+}
+
+// Online softmax over a loaded round: `left` positions from the round's first are real.
+template <int LPP, int VPL, bool F16>
+FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, F16>>& t, const float* q, int left,
+                         int grp, float& m, float& l, float* acc) {
+    using S = AttShape<LPP, VPL, F16>;
+    float sc[S::U], mx = m;
 #pragma unroll
-    for (int o = LPP; o < FORGE_WARP; o <<= 1) {  // merge the warp's groups
+    for (int u = 0; u < S::U; ++u) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < S::E; ++i) dot += q[i] * elem<F16>(t.k[u], i);
+#pragma unroll
+        for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+        sc[u] = u * S::G + grp < left ? dot : ATT_NEG;
+        mx = fmaxf(mx, sc[u]);
+    }
+    const float f = expf(m - mx);
+    l *= f;
+#pragma unroll
+    for (int i = 0; i < S::E; ++i) acc[i] *= f;
+#pragma unroll
+    for (int u = 0; u < S::U; ++u) {
+        const float pu = u * S::G + grp < left ? expf(sc[u] - mx) : 0.0f;
+        l += pu;
+#pragma unroll
+        for (int i = 0; i < S::E; ++i) acc[i] += pu * elem<F16>(t.v[u], i);
+    }
+    m = mx;
+}
+
+// Each warp's online softmax over its chunks of CHK positions of [begin, end) (chunk c0 = begin +
+// CHK (warp + nwarps k), rounds of CH within it), continuing (m, l, acc). `loaded`: t already
+// holds the first round of the warp's first chunk and `my` its slots.
+template <int LPP, int VPL, bool F16, int CHK>
+FORGE_DEV void attend_run(const AttArgs& a, const float* q, AttTile<AttShape<LPP, VPL, F16>>& t,
+                          bool loaded, int my, float& m, float& l, float* acc) {
+    using S = AttShape<LPP, VPL, F16>;
+    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int nwarps = blockDim.x / FORGE_WARP, first = a.begin + warp * CHK;
+    for (int c0 = first; c0 < a.end; c0 += nwarps * CHK) {
+        if (!loaded || c0 != first) my = att_slot(a, c0, lane, CHK);
+        const int cn = a.end - c0 < CHK ? a.end - c0 : CHK;
+        for (int t0 = 0; t0 < cn; t0 += S::CH) {
+            if (!loaded || c0 != first || t0 != 0) att_load<LPP, VPL, F16>(a, t, my, c0, t0, lane);
+            att_score<LPP, VPL, F16>(t, q, cn - t0, lane / LPP, m, l, acc);
+        }
+    }
+}
+
+// Merge the groups of a warp; (m, l, acc) into wm[warp], wl[warp], wacc[warp * LAYER_MAX_D + d].
+template <int LPP, int VPL>
+FORGE_DEV void att_warp_out(float m, float l, float* acc, int Dv, float* wm, float* wl,
+                            float* wacc) {
+    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int e = lane % LPP;
+#pragma unroll
+    for (int o = LPP; o < FORGE_WARP; o <<= 1) {
         const float mo = shfl_xor(m, o), lo = shfl_xor(l, o);
         const float mm = fmaxf(m, mo), fa = expf(m - mm), fb = expf(mo - mm);
         l = l * fa + lo * fb;
 #pragma unroll
-        for (int i = 0; i < E; ++i) acc[i] = acc[i] * fa + shfl_xor(acc[i], o) * fb;
+        for (int i = 0; i < 8 * VPL; ++i) acc[i] = acc[i] * fa + shfl_xor(acc[i], o) * fb;
         m = mm;
     }
     if (lane == 0) {
         wm[warp] = m;
         wl[warp] = l;
     }
-    if (grp == 0) {
+    if (lane < LPP) {
 #pragma unroll
-        for (int i = 0; i < E; ++i) {
-            const int d = (i / 8) * 8 * LPP + 8 * e + i % 8;
-            if (d < a.Dv) wacc[warp * LAYER_MAX_D + d] = acc[i];
+        for (int i = 0; i < 8 * VPL; ++i) {
+            if (hd<LPP>(i, e) < Dv) wacc[warp * LAYER_MAX_D + hd<LPP>(i, e)] = acc[i];
         }
     }
 }
 
+// attn_rows' attention of each warp over its chunks of [begin, end) (16 positions at least per
+// slot lookup); qs: the scaled query in shared memory. D and Dv multiples of 8, at most 8 LPP VPL.
+template <int LPP, int VPL, bool F16>
+FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
+    using S = AttShape<LPP, VPL, F16>;
+    const int e = (threadIdx.x % FORGE_WARP) % LPP;
+    float q[S::E], acc[S::E], m = ATT_NEG, l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < S::E; ++i) {
+        q[i] = hd<LPP>(i, e) < a.D ? qs[hd<LPP>(i, e)] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    AttTile<S> t;
+    attend_run<LPP, VPL, F16, (S::CH > 16 ? S::CH : 16)>(a, q, t, false, 0, m, l, acc);
+    att_warp_out<LPP, VPL>(m, l, acc, a.Dv, wm, wl, wacc);
+}
+
 template <bool F16>
 FORGE_DEV void attend_any(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
-    const int widest = a.D > a.Dv ? a.D : a.Dv;
-    if (widest <= 64) attend<8, 1, F16>(a, qs, wm, wl, wacc);
-    else if (widest <= 128) attend<16, 1, F16>(a, qs, wm, wl, wacc);
-    else if (widest <= 256) attend<32, 1, F16>(a, qs, wm, wl, wacc);
-    else attend<(FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2), F16>(a, qs, wm, wl, wacc);
+#define ATTEND(L, V) attend<L, V, F16>(a, qs, wm, wl, wacc)
+    ATT_LAYOUT(a.D, a.Dv, ATTEND);
+#undef ATTEND
 }
 
 // Merge the block's entries (its warps, plus the row's own position when given as one more),
@@ -379,11 +536,114 @@ FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, 
                (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
 }
 
+// attn_decode's arguments.
+struct DecArgs {
+    const float *q, *k, *v, *qnw, *knw;
+    const i32 *pos, *slots, *bt, *btoff;
+    void *kc, *vc;
+    float *part_o, *part_ml;
+    u32* cnt;
+    float* out;
+    int Hkv, D, Dv, n_rot, neox;
+    float base, freq_scale, eps;
+    int block_size;
+    float scale;
+    int window, kv_f16;
+};
+
+// attn_decode in the (LPP, VPL) layout. Each warp norms and rotates the query head in its
+// registers (no block barrier); warp 0 of the block whose split holds the row's own position does
+// the same for the K head, starts its softmax with that position from registers (not from the
+// cache) and, for the first query head of the KV group, stores K and V. Before the wait each warp
+// loads its first round of cached K/V, the RoPE coefficients and the norm weights.
+template <int LPP, int VPL, bool F16>
+FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* wl, float* wacc,
+                                 int* flag) {
+    using S = AttShape<LPP, VPL, F16>;
+    constexpr int E = S::E;
+    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
+    const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int nwarps = blockDim.x / FORGE_WARP, e = lane % LPP, grp = lane / LPP;
+    const int n_kv = g.pos[r] + 1, group = H / g.Hkv, kvh = h / group;
+    const AttSplit sp = att_split(n_kv, g.window, s, gridDim.z);
+    const bool active = s < sp.n_eff;
+    const bool self = active && sp.begin < sp.end && sp.end == n_kv && warp == 0;
+    AttArgs a;
+    a.kc = g.kc;
+    a.vc = g.vc;
+    a.table = g.bt + g.btoff[r];
+    a.block_size = g.block_size;
+    a.Hkv = g.Hkv;
+    a.kvh = kvh;
+    a.D = g.D;
+    a.Dv = g.Dv;
+    a.begin = sp.begin;
+    a.end = sp.end == n_kv ? n_kv - 1 : sp.end;  // cached positions only
+    // Before the wait, while the Q/K/V product still runs: only the step's metadata (copied in
+    // before the graph), norm weights and K/V rows of earlier positions (final since their steps).
+    AttTile<S> t;
+    float c[E], sn[E], qw[E], kw[E];
+    int my = 0;
+    if (active) {
+        const int c0 = a.begin + warp * S::CH;
+        my = att_slot(a, c0, lane, S::CH);
+        if (c0 < a.end) att_load<LPP, VPL, F16>(a, t, my, c0, 0, lane);
+        AttArgs rest = a;  // the later rounds into L2
+        rest.begin = a.begin + nwarps * S::CH;
+        if (rest.begin < rest.end) att_prefetch(rest, F16 ? 2 : 4);
+        rope_table(rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base);
+        head_weights<LPP, VPL>(g.qnw, g.D, e, qw);
+        if (self) head_weights<LPP, VPL>(g.knw, g.D, e, kw);
+        __syncthreads();  // uniform: `active` is the same for the whole block
+        head_rope_coef<LPP, VPL>(rc, c, sn, e, g.n_rot, g.neox);
+    }
+    FORGE_GRID_WAIT();
+    if (!active) return;
+    float q[E], kx[E], vx[E], acc[E], m = ATT_NEG, l = 0.0f;
+    head_load<LPP, VPL>(g.q + ((i64)r * H + h) * g.D, g.D, e, q);
+    if (self) {
+        head_load<LPP, VPL>(g.k + ((i64)r * g.Hkv + kvh) * g.D, g.D, e, kx);
+        head_load<LPP, VPL>(g.v + ((i64)r * g.Hkv + kvh) * g.Dv, g.Dv, e, vx);
+    }
+    float* xch = wacc + warp * LAYER_MAX_D;  // the warp's own slice, free until att_warp_out
+    head_norm_rope<LPP, VPL>(q, qw, g.qnw != nullptr, c, sn, xch, g.D, g.n_rot, g.neox, g.eps,
+                             g.scale, e, grp == 0);
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[i] = 0.0f;
+    if (self) {
+        head_norm_rope<LPP, VPL>(kx, kw, g.knw != nullptr, c, sn, xch, g.D, g.n_rot, g.neox,
+                                 g.eps, 1.0f, e, grp == 0);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {  // the cache's rounding, as read back later
+            if (F16) {
+                kx[i] = h2f(f2h(kx[i]));
+                vx[i] = h2f(f2h(vx[i]));
+            }
+            dot += q[i] * kx[i];
+        }
+#pragma unroll
+        for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+        if (grp == 0) {  // one group holds the position (the warp's groups are summed)
+            if (h % group == 0) {
+                const i64 slot = g.slots[r];
+                head_store<LPP, VPL>(kx, g.kc, (slot * g.Hkv + kvh) * g.D, g.D, e, F16);
+                head_store<LPP, VPL>(vx, g.vc, (slot * g.Hkv + kvh) * g.Dv, g.Dv, e, F16);
+            }
+            m = dot;
+            l = 1.0f;
+#pragma unroll
+            for (int i = 0; i < E; ++i) acc[i] = vx[i];
+        }
+    }
+    attend_run<LPP, VPL, F16, S::CH>(a, q, t, true, my, m, l, acc);
+    att_warp_out<LPP, VPL>(m, l, acc, g.Dv, wm, wl, wacc);
+    att_finish(wm, wl, wacc, nwarps, g.Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, g.part_o,
+               g.part_ml, g.cnt, g.out, flag);
+}
+
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
-// as the QKV product left them (not normed, not rotated). Every block norms and rotates its query
-// head; the blocks whose split holds the row's own position do the same for the K head, add that
-// position to their merge from registers (not from the cache), and for the first query head of
-// each KV group store K and V into the cache (nothing else in this launch reads that slot).
+// as the QKV product left them (not normed, not rotated); attn_decode_head says who does what.
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
 FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q,
     const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qnw,
@@ -391,75 +651,17 @@ FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q
     const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
     float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
     float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
-    __shared__ float hs[LAYER_MAX_D], qs[LAYER_MAX_D], ks[LAYER_MAX_D], rc[LAYER_MAX_D];
-    __shared__ float scratch[32];
-    __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
+    __shared__ float rc[LAYER_MAX_D], wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
     __shared__ int flag;
-    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
-    const int n_kv = pos[r] + 1, group = H / Hkv, kvh = h / group;
-    const int nwarps = blockDim.x / FORGE_WARP;
-    const AttSplit sp = att_split(n_kv, window, s, gridDim.z);
-    const bool has_self = sp.begin < sp.end && sp.end == n_kv;  // uniform over the block
-    AttArgs a;
-    a.kc = kc;
-    a.vc = vc;
-    a.table = bt + btoff[r];
-    a.block_size = block_size;
-    a.Hkv = Hkv;
-    a.kvh = kvh;
-    a.D = D;
-    a.Dv = Dv;
-    a.begin = sp.begin;
-    a.end = has_self ? n_kv - 1 : sp.end;  // cached positions only
-    const float p = (float)pos[r] * freq_scale;
-    // Before the wait, while the Q/K/V product still runs: only the step's metadata (copied in
-    // before the graph) and K/V rows of earlier positions (final since their steps) are read.
-    if (s < sp.n_eff) {
-        att_prefetch(a, kv_f16 ? 2 : 4);
-        rope_table(rc, n_rot, p, base);
-    }
-    FORGE_GRID_WAIT();
-    if (s >= sp.n_eff) return;
-    // the row's q head, and its k and v heads when this block holds its position, in one round
-    // trip (each thread reads back only the elements it stored here)
-    const float* qsrc = q + ((i64)r * H + h) * D;
-    const float* ksrc = k + ((i64)r * Hkv + kvh) * D;
-    const float* vsrc = v + ((i64)r * Hkv + kvh) * Dv;
-    float* vs = wacc + nwarps * LAYER_MAX_D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        qs[d] = qsrc[d];
-        if (has_self) ks[d] = ksrc[d];
-    }
-    if (has_self) {
-        for (int d = threadIdx.x; d < Dv; d += blockDim.x) vs[d] = vsrc[d];
-    }
-    norm_rope(qs, qnw, hs, qs, scratch, D, n_rot, neox, p, base, eps, scale, rc);
-    if (has_self) {  // the row's own K/V: one more entry of the merge, index nwarps
-        norm_rope(ks, knw, hs, ks, scratch, D, n_rot, neox, p, base, eps, 1.0f, rc);
-        const i64 slot = slots[r];
-        const bool store = h % group == 0;
-        float dot = 0.0f;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {  // the cache's rounding, as read back
-            const float x = kv_f16 ? h2f(f2h(ks[d])) : ks[d];
-            dot += qs[d] * x;
-            if (store && kv_f16) ((u16*)kc)[(slot * Hkv + kvh) * D + d] = f2h(x);
-            else if (store) ((float*)kc)[(slot * Hkv + kvh) * D + d] = x;
-        }
-        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {  // vs[d]: this thread's own
-            const float y = kv_f16 ? h2f(f2h(vs[d])) : vs[d];
-            vs[d] = y;
-            if (store && kv_f16) ((u16*)vc)[(slot * Hkv + kvh) * Dv + d] = f2h(y);
-            else if (store) ((float*)vc)[(slot * Hkv + kvh) * Dv + d] = y;
-        }
-        dot = block_sum(dot, scratch);
-        if (threadIdx.x == 0) {
-            wm[nwarps] = dot;
-            wl[nwarps] = 1.0f;
-        }
-    }
-    if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
-    else attend_any<false>(a, qs, wm, wl, wacc);
-    att_finish(wm, wl, wacc, nwarps + (has_self ? 1 : 0), Dv, sp.n_eff, s, gridDim.z,
-               (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
+    const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt,
+                       out, Hkv, D, Dv, n_rot, neox, base, freq_scale, eps, block_size, scale,
+                       window, kv_f16};
+#define DECODE_HEAD(L, V)                                                 \
+    do {                                                                  \
+        if (kv_f16) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);  \
+        else attn_decode_head<L, V, false>(g, rc, wm, wl, wacc, &flag);        \
+    } while (0)
+    ATT_LAYOUT(D, Dv, DECODE_HEAD);
+#undef DECODE_HEAD
 }

@@ -17,8 +17,9 @@ from forge_hip.sources import kernel_dir, source_names
 # kernel -> (what it reads before FORGE_GRID_WAIT(): nothing an earlier kernel of the step
 # writes; the function whose body holds the wait)
 EARLY_WORK = {
-    "attn_decode": ("the step's row metadata and K/V cache rows of earlier positions (L2 "
-                    "prefetch, RoPE table)", "attn_decode"),
+    "attn_decode": ("the step's row metadata, norm weights and K/V cache rows of earlier "
+                    "positions (first round into registers, the rest into L2; RoPE "
+                    "coefficients)", "attn_decode_head"),
     "add_norm": ("its norm weights", "add_norm"),
     "mvq_multi_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
