@@ -28,6 +28,7 @@ class FakeRuntime:
         self.next, self.live, self.uploads = 1 << 32, {}, 0
         self.launches, self.capturing, self.replays = [], False, 0
         self.launch_args: list[tuple[str, list[int]]] = []
+        self.blocks: list[tuple[int, ...]] = []
         self.bound_threads: list[int] = []
 
     def bind(self):
@@ -87,6 +88,7 @@ class FakeRuntime:
         assert overlap == (self.capturing and kernel.overlaps)  # only graph launches overlap
         assert all(int(g) >= 1 for g in grid) and int(block[0]) <= 1024
         self.launches.append((kernel.name, tuple(grid), self.capturing))
+        self.blocks.append(tuple(block))
         self.launch_args.append((kernel.name, [int(getattr(a, "ptr", a)) for a in args]))
 
     def begin_capture(self, stream):
@@ -165,13 +167,13 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
         batch = [SeqBatch(np.array([5 + r], np.int32), 3, table + 3 * r) for r in range(rows)]
         runner.forward_argmax(batch)
         names = [n for n, _, _ in rt.launches]
-        counts[fuse, rows] = (names.count("add_norm"), sum(n.endswith("_r1n") for n in names))
+        counts[fuse, rows] = (names.count("add_norm"), sum("_r1n" in n for n in names))
     fusable = name != "llama-f32.gguf"
     assert counts[True, 1] == ((1, 2 * n_layer) if fusable else (2 * n_layer + 1, 0))
     assert counts[False, 1] == counts[True, 2] == (2 * n_layer + 1, 0)
     if fusable:  # the residual leaves each fused add_norm in the other buffer
         ws = runner.ws
-        fused = [a for n, a in rt.launch_args if n.endswith("_r1n")]
+        fused = [a for n, a in rt.launch_args if "_r1n" in n]
         assert len(fused) == 2 * n_layer
         assert all(a[-6] != a[-2] and {a[-6], a[-2]} == {ws.x, ws.x2} for a in fused)
     runner.close()
@@ -253,3 +255,55 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     assert need["weights"] >= sum(gguf.tensors[n].nbytes for n in spec.weight_names())
     assert need["kv_cache"] == spec.kv_bytes_per_token(2) * 1024
     assert need["workspace"] > 0
+
+
+def test_staged_tiles_fit_or_the_plain_kernel_stays():
+    """The staged kernels take a product when RB rows (RB = threads / lanes) of every matrix
+    make 16-byte aligned tiles within mmv.hip's buffer (gate + up together), with the most
+    threads that fit; x too long for their shared memory, or no fit: 0 (the plain kernel)."""
+    from types import SimpleNamespace
+
+    from forge_hip.plan import MVQ_STAGE_BUF, mvq_stage_threads
+
+    def mat(k, row_bytes):
+        return SimpleNamespace(k=k, row_bytes=row_bytes)
+
+    head = [mat(640, 680)]  # gemma3 Q8_0 head rows: 16 x 680 bytes per 256 threads
+    assert mvq_stage_threads(head, 16, False, False, 1) == 256
+    q4k = mat(4096, 2304)  # llama-8B Q4_K rows, 32 lanes each
+    assert mvq_stage_threads([q4k, q4k], 32, False, False, 2) == 256  # 8 rows: 18 KiB
+    assert mvq_stage_threads([q4k, q4k], 32, True, False, 2) == 128  # gate + up: 2 x 4 rows
+    q80 = mat(1024, 1088)  # 16 rows: 17 KiB, over the folded-norm kernels' smaller buffer
+    assert 16 * 1088 > MVQ_STAGE_BUF[True]
+    assert mvq_stage_threads([q80], 16, False, False, 1) == 256
+    assert mvq_stage_threads([q80], 16, False, True, 1) == 128
+    assert mvq_stage_threads([q4k], 32, False, True, 2) == 0  # x of 4096: past their x space
+    assert mvq_stage_threads([mat(14336, 11760)], 32, False, False, 2) == 0  # x: 17.5 KiB
+    assert mvq_stage_threads([mat(8192, 16384)], 32, False, False, 0) == 0  # F16 rows: no fit
+
+
+def test_one_row_products_take_the_staged_kernels(golden_dir):
+    """Batch-1 products go through the staged kernels (mmv.hip *_s) where their tiles fit, with
+    the block mvq_stage_threads gives; mvq_stage_bytes None keeps the plain ones; two-row steps
+    never stage."""
+    from forge_hip.plan import mvq_stage_threads  # noqa: F401  (the rule tested above)
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(32, 16)
+    table = np.arange(3, dtype=np.int32)
+    seen = {}
+    for stage, rows in ((0, 1), (None, 1), (0, 2)):
+        runner.plan.mvq_stage_bytes = stage
+        runner.graphs.clear()
+        rt.launches.clear()
+        rt.blocks.clear()
+        batch = [SeqBatch(np.array([5 + r], np.int32), 3, table + 3 * r) for r in range(rows)]
+        runner.forward_argmax(batch)
+        mvq = [(n, b) for (n, _, _), b in zip(rt.launches, rt.blocks) if n.startswith("mvq_")]
+        seen[stage, rows] = sum(n.endswith("s") for n, _ in mvq), len(mvq)
+        if stage == 0 and rows == 1:
+            assert all(b[0] in (64, 128, 256) for n, b in mvq if n.endswith("s"))
+    staged, total = seen[0, 1]
+    assert 0 < staged <= total
+    assert seen[None, 1][0] == 0 and seen[0, 2][0] == 0

@@ -5,6 +5,7 @@ llama.cpp's, several matrices per launch, gated products, 1..32 token rows)."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -16,6 +17,7 @@ from forge_hip.plan import (
     mvq_lanes,
     mvq_max_rows,
     mvq_need,
+    mvq_stage_threads,
     mvq_variant,
     mvq_xbytes,
 )
@@ -147,6 +149,7 @@ class MvqCase:
             self.W.append(W)
             self.b.append(b)
             self.y.append(y)
+        self.rows = rows
         self.descs = dev.put(np.asarray(rows, np.int64))
 
     def ref(self, j: int) -> np.ndarray:
@@ -159,16 +162,24 @@ class MvqCase:
 
 
 def launch_mvq(
-    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None
-):
+    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None,
+    staged=False,
+):  # fmt: skip
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
     quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x). `rm`:
-    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks)."""
+    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks). `staged`:
+    the one-row staged kernels (weight tiles through shared memory), with the plan's block."""
     types, R, K = case.types, case.R, case.K
     suffix, rm = (f"r{rm}", rm) if rm else mvq_variant(types, R)
     need = mvq_need(types)
     g = lanes or mvq_lanes(types, K, R)
-    rb = MVQ_THREADS // g
+    threads = MVQ_THREADS
+    if staged:
+        mats = [SimpleNamespace(k=K, row_bytes=d[7]) for d in case.rows]
+        threads = mvq_stage_threads(mats, g, act is not None, False, need)
+        assert R == 1 and threads, "the staged kernels do not take this case"
+        suffix = "r1s"
+    rb = threads // g
     ns = [w.shape[0] for w in case.W]
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
@@ -180,10 +191,10 @@ def launch_mvq(
     grid = min(grid or items, items)
     tail = [case.xbuf, K, need, items, xq, flags]
     if act is None:
-        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
+        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (threads,),
                   [case.descs, 0, len(types), R, g, *tail])  # fmt: skip
     else:
-        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
+        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (threads,),
                   [case.descs, 0, R, g, *tail, act])  # fmt: skip
 
 
@@ -266,6 +277,44 @@ def test_mvq_gated(rt, lib, dev, types, act, R):
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
     launch_mvq(rt, lib, dev, case, act=act, grid=4)
+    ref = _act(case.ref(0), act) * case.ref(1)
+    assert rel_err(case.out(0), ref) < 1e-5
+
+
+# -- mmv.hip: staged one-row products (weight tiles through shared memory) ---------------------
+STAGED_TYPES = [t for t in TYPE_SUFFIX if t not in ("Q2_K", "Q3_K")]
+
+
+@pytest.mark.parametrize("n", [37, 300])
+@pytest.mark.parametrize("type_name", STAGED_TYPES)
+def test_mvq_staged_single_matrix(rt, lib, dev, type_name, n):
+    """Every type the staged kernels take, with a partial last tile (37 rows; copied in 16-byte
+    pieces and a shorter tail) and blocks looping over many tiles (double buffering)."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, [type_name], 1, mvq_k([type_name]), [n], bias=True)
+    launch_mvq(rt, lib, dev, case, grid=3, staged=True)
+    assert rel_err(case.out(0), case.ref(0)) < 1e-5
+
+
+@pytest.mark.parametrize("lanes", [None, 8, 32])
+@pytest.mark.parametrize("types", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"),
+                                   ("Q8_0", "Q4_K", "F16")], ids="-".join)  # fmt: skip
+def test_mvq_staged_mixed_matrices(rt, lib, dev, types, lanes):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, 1, mvq_k(types), [37, 50, 19], bias=True)
+    launch_mvq(rt, lib, dev, case, lanes=lanes, grid=5, staged=True)
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K")],
+                         ids="-".join)  # fmt: skip
+def test_mvq_staged_gated(rt, lib, dev, types, act):
+    """Gate and up tiles side by side (the up's at the next 16-byte boundary)."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, 1, mvq_k(types), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4, staged=True)
     ref = _act(case.ref(0), act) * case.ref(1)
     assert rel_err(case.out(0), ref) < 1e-5
 

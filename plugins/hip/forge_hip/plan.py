@@ -65,6 +65,14 @@ MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
 MVQ_FLAGS = 1
+# Staged one-row products (mmv.hip *_s: weight tiles through shared memory, the next one copied
+# while the current one is computed): mmv.hip's MVQ_STAGE_BUF and MVQ_STAGE_X, keyed by whether
+# the kernel also folds add_norm. A product whose tiles or x do not fit keeps the plain kernel.
+MVQ_STAGE_BUF = {False: 20480, True: 14336}
+MVQ_STAGE_X = {False: 6144, True: 2560}
+# ... for products of at least this many weight bytes: on an H200 head-sized ones gain (gemma3
+# head 136 -> 122 us, llama-8B tg128 236 -> 245 tok/s), the small ones do not.
+MVQ_STAGE_MIN_BYTES = 32 << 20
 # Elements per unit (one lane's step, see mmv.h) of each weight type.
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
             "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
@@ -107,6 +115,23 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
 
 
+def mvq_stage_threads(mats: list, g: int, glu: bool, norm: bool, need: int) -> int:
+    """Block size of the staged one-row kernels for matrices `mats` (row_bytes, k) with g lanes
+    per row: the largest of 256/128/64 whose row groups make 16-byte aligned tiles that fit
+    MVQ_STAGE_BUF (glu: gate and up tiles together), or 0 (x too long, or no fit)."""
+    if mvq_xbytes(need, 1, mats[0].k) > MVQ_STAGE_X[norm]:
+        return 0
+    for threads in (256, 128, 64):
+        rb = threads // g
+        if rb < 1:
+            break
+        sizes = [rb * p.row_bytes for p in mats]
+        tile = -(-sizes[0] // 16) * 16 + sizes[1] if glu else max(sizes)
+        if all(b % 16 == 0 for b in sizes) and tile <= MVQ_STAGE_BUF[norm]:
+            return threads
+    return 0
+
+
 def mvq_lanes(types: list[str], k: int, rows: int = 1) -> int:
     """Lanes per weight row: 32 for rows of 128 units or more, 16 down to 32 units (the gemma3
     head, 80 Q8_0 units: 101 us with 16 lanes, 146 with 32 on an H200), then at least 2 units
@@ -142,6 +167,9 @@ class Plan:
         self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
+        # one-row products of at least this many weight bytes take the staged kernels where
+        # their tiles fit (None: never)
+        self.mvq_stage_bytes: int | None = MVQ_STAGE_MIN_BYTES
         self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self._head_norm: list | None = None  # the last add_norm, left to output()
@@ -262,12 +290,18 @@ class Plan:
         suffix, rm = mvq_variant(types, rows)
         need = mvq_need(types)
         g = self.mvq_lanes or mvq_lanes(types, k, rows)
-        rb = MVQ_THREADS // g
+        threads, staged = MVQ_THREADS, ""
+        if (rows == 1 and self.mvq_stage_bytes is not None and not MVQ_GEN & set(types)
+                and sum(p.n * p.row_bytes for p in mats) >= self.mvq_stage_bytes):  # fmt: skip
+            threads = mvq_stage_threads(mats, g, act is not None, norm is not None, need)
+            staged = "s" if threads else ""
+            threads = threads or MVQ_THREADS
+        rb = threads // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
         xg = 0
-        if mvq_global_x(need, rows, k, rm):
+        if not staged and mvq_global_x(need, rows, k, rm):  # (x always fits the staged kernels)
             xg = ws.xq
             tasks = rows * -(-k // 256)
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
@@ -275,10 +309,10 @@ class Plan:
         tail = [x, k, need, items, xg, self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
-            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}{staged}"), (grid,), (threads,),
                         [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
         else:
-            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}{staged}"), (grid,), (threads,),
                         [ws.descs, first, rows, g, *tail, act, *extra])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
