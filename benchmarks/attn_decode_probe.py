@@ -2,7 +2,8 @@
 the decode step replays them), on the gemma3-270m twin's heads (4 query heads, 1 KV head of 256,
 f16 cache) at several cached lengths; optionally for other kernel directories (A/B of sources).
 
-  python benchmarks/attn_decode_probe.py [--positions 16 64 128 1024] [--dirs new=kernels old=DIR]
+  python benchmarks/attn_decode_probe.py [--positions 16 64 128 1024] [--rows 1 32]
+      [--dirs new=kernels old=DIR]
 
 Three chains of N launches each: attention back to back ("attn"), attention after a one-block
 add_norm ("norm+attn", like a step where it follows a short product) and add_norm alone
@@ -56,9 +57,9 @@ def chain_us(rt, stream, launches, n: int, reps: int = 20) -> float:
     return rt.elapsed_ms(a, b) * 1e3 / reps / n
 
 
-def probe(rt, lib, dev, directory: str, positions: int, splits: int, n: int) -> dict:
+def probe(rt, lib, dev, directory: str, positions: int, splits: int, n: int, rows: int) -> dict:
     rng = np.random.default_rng(0)
-    c = Case(rng, H, KVH, D, D, [positions], True)
+    c = Case(rng, H, KVH, D, D, [positions] * rows, True)
     b = c.buffers(dev, splits)
     q, k, v = dev.put(c.q), dev.put(c.k), dev.put(c.v)
     nw = dev.put(np.ones(D, np.float32))
@@ -74,7 +75,7 @@ def probe(rt, lib, dev, directory: str, positions: int, splits: int, n: int) -> 
     w = dev.put(np.ones(640, np.float32))
     norm = kernel(lib, "add_norm", directory)
     norm_args = [x, o, w, w, xn, 640, 1e-6]
-    attn_l = (att, (H, 1, splits), (ATT_THREADS,), att_args)
+    attn_l = (att, (H, rows, splits), (ATT_THREADS,), att_args)
     norm_l = (norm, (1,), (32,), norm_args)
     stream = rt.stream()
     a = chain_us(rt, stream, [attn_l], n)
@@ -89,6 +90,7 @@ def main() -> int:
     ap.add_argument("--positions", type=int, nargs="+", default=[16, 64, 128, 1024])
     ap.add_argument("--dirs", nargs="+", default=[f"new={ROOT / 'kernels'}"])
     ap.add_argument("--launches", type=int, default=60)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1], help="sequences per launch")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rt = open_runtime()
@@ -96,13 +98,15 @@ def main() -> int:
     results = []
     for spec in a.dirs:
         label, directory = spec.split("=", 1)
-        for p in a.positions:
-            for splits in (1, 16):
-                dev = Dev(rt)
-                r = probe(rt, lib, dev, directory, p, splits, a.launches)
-                dev.free()
-                results.append({"kernels": label, "positions": p, "splits": splits, **r})
-                print(json.dumps(results[-1]), flush=True)
+        for rows in a.rows:
+            for p in a.positions:
+                for splits in (1, 16):
+                    dev = Dev(rt)
+                    r = probe(rt, lib, dev, directory, p, splits, a.launches, rows)
+                    dev.free()
+                    results.append({"kernels": label, "rows": rows, "positions": p,
+                                    "splits": splits, **r})  # fmt: skip
+                    print(json.dumps(results[-1]), flush=True)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "attn_probe.json").write_text(json.dumps(results, indent=1))
