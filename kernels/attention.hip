@@ -180,8 +180,7 @@ FORGE_DEV void head_store(const float* x, void* cache, i64 at, int n, int e, int
         else CALL((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));                 \
     } while (0)
 
-// One Q or K head of qk_rope_store, in its first warp: norm and RoPE in place (k: and into the
-// cache).
+// One Q or K head of qk_rope_store, in one warp: norm and RoPE in place (k: and into the cache).
 template <int LPP, int VPL>
 FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, int D, int n_rot,
                        int neox, const float* rc, float eps, int kv_f16, float* xch) {
@@ -202,8 +201,9 @@ FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, 
 
 // Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
 // are stored to the cache; V heads are stored. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv].
-// Launch: grid = (H + 2 * Hkv, R), block = any multiple of the warp size (the RoPE table takes
-// the whole block, the Q/K head then its first warp).
+// Launch: grid = (ceil((H + Hkv) / W) + Hkv, R) with W = blockDim.x / FORGE_WARP <= ATT_MAX_WARPS
+// (forge_hip.plan.qk_rope_blocks): the first blocks take W of the row's Q then K heads, one per
+// warp, after building the row's RoPE table together; each of the last Hkv blocks stores a V head.
 FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const float* __restrict__ v, const float* __restrict__ qnw,
                                 const float* __restrict__ knw, const i32* __restrict__ pos,
@@ -211,11 +211,12 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 int D, int Dv, int n_rot, int neox, float base, float freq_scale,
                                 float eps, int kv_f16) {
     FORGE_GRID_WAIT();
-    __shared__ float xch[LAYER_MAX_D], rc[LAYER_MAX_D];
-    const int j = blockIdx.x, r = blockIdx.y;
+    __shared__ float xch[ATT_MAX_WARPS * LAYER_MAX_D], rc[LAYER_MAX_D];
+    const int r = blockIdx.y, W = blockDim.x / FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
+    const int qk_blocks = (H + Hkv + W - 1) / W;
     const i64 slot = slots[r];
-    if (j >= H + Hkv) {  // a V head: store only
-        const int vh = j - H - Hkv;
+    if ((int)blockIdx.x >= qk_blocks) {  // a V head: store only
+        const int vh = blockIdx.x - qk_blocks;
         const float* src = v + ((i64)r * Hkv + vh) * Dv;
         const i64 dst = (slot * Hkv + vh) * Dv;
         for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
@@ -226,12 +227,14 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
     }
     rope_table(rc, n_rot, (float)pos[r] * freq_scale, base);
     __syncthreads();
-    if (threadIdx.x >= FORGE_WARP) return;
+    const int j = blockIdx.x * W + warp;  // this warp's head: Q 0..H-1, then K
+    if (j >= H + Hkv) return;
     const bool is_q = j < H;
     float* xh = is_q ? q + ((i64)r * H + j) * D : k + ((i64)r * Hkv + (j - H)) * D;
     const i64 at = (slot * Hkv + (j - H)) * D;
+    float* wx = xch + warp * LAYER_MAX_D;
 #define QK_HEAD(L, V) \
-    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_f16, xch)
+    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_f16, wx)
     ATT_LAYOUT(D, Dv, QK_HEAD);
 #undef QK_HEAD
 }

@@ -307,3 +307,12 @@ def test_one_row_products_take_the_staged_kernels(golden_dir):
     staged, total = seen[0, 1]
     assert 0 < staged <= total
     assert seen[None, 1][0] == 0 and seen[0, 2][0] == 0
+
+
+def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():
+    """qk_rope_store's blocks: ceil((H + Hkv) / warps per block) for Q/K heads, then one per V."""
+    from forge_hip.plan import qk_rope_blocks
+
+    assert qk_rope_blocks(32, 8, 128, 32) == 10 + 8  # llama-8B: 40 Q/K heads over 4 warps
+    assert qk_rope_blocks(4, 1, 128, 32) == 2 + 1  # gemma3: 5 heads, the second block one warp
+    assert qk_rope_blocks(4, 1, 128, 64) == 3 + 1  # wave64: two warps per block

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_hip.library import ATT_THREADS
+from forge_hip.plan import qk_rope_blocks
 
 from tests.gpu.helpers import rel_err
 
@@ -157,7 +158,8 @@ def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, posi
     # unfused: qk_rope_store (in place on copies of q, k), then attn_rows
     u = c.buffers(dev, splits)
     q2, k2 = dev.put(c.q), dev.put(c.k)
-    rt.launch(lib.get("qk_rope_store"), (H + 2 * KVH, R), (128,),
+    blocks = qk_rope_blocks(H, KVH, 128, rt.props.warp_size)
+    rt.launch(lib.get("qk_rope_store"), (blocks, R), (128,),
               [q2, k2, v, *nw, meta[0], meta[1], u["kc"], u["vc"], H, KVH, D, Dv, *rope,
                int(f16)])  # fmt: skip
     rt.launch(lib.get("attn_rows"), (H, R, splits), (ATT_THREADS,),

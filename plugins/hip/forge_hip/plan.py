@@ -40,6 +40,13 @@ NORM_THREADS = 256
 ADD_NORM_PER = 32  # layer.hip's AN_PER: elements of a row per thread of add_norm
 
 
+def qk_rope_blocks(n_head: int, n_head_kv: int, threads: int, warp: int) -> int:
+    """attention.hip's qk_rope_store grid width for blocks of `threads`: one block per
+    threads / warp of a row's Q and K heads (one head per warp), then one per V head."""
+    per = threads // warp
+    return -(-(n_head + n_head_kv) // per) + n_head_kv
+
+
 def add_norm_threads(n: int, warp: int) -> int:
     """add_norm's block for rows of n: the fewest warps that hold the row in registers (one warp
     up to 1024 elements on NVIDIA, where its sums need no barrier)."""
@@ -422,7 +429,8 @@ class Plan:
                    meta.bt, meta.btoff, kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn,
                    s.n_head_kv, s.head_dim, s.head_dim_v, *rope, *att])  # fmt: skip
             else:
-                L(op["qk_rope_store"], (s.n_head + 2 * s.n_head_kv, rows), (ROPE_THREADS,),
+                qk = qk_rope_blocks(s.n_head, s.n_head_kv, ROPE_THREADS, self.warp)
+                L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
                   [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc,
                    vc, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, *rope,
                    int(kv.f16)])  # fmt: skip
