@@ -208,9 +208,9 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     decode(8)
     tg_one_split = min(decode(128) for _ in range(2))
     runner.splits = splits
-    staged = {}  # A/B: one-row products through the staged kernels never / from 32 MB only
+    staged = {}  # A/B: one-row products through the staged kernels never / wherever they fit
     stage_bytes = runner.plan.mvq_stage_bytes
-    for key, value in (("never", None), ("32MB+", 32 << 20)):
+    for key, value in (("never", None), ("all", 0)):
         runner.plan.mvq_stage_bytes = value
         runner.graphs.clear()
         decode(8)
@@ -283,8 +283,8 @@ def main() -> int:
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
               f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
               f"{m['decode_tg128_tok_s_no_overlap']}; attention in one split: "
-              f"{m['decode_tg128_tok_s_one_split']}; staged products (default: every one-row "
-              f"product that fits) never / 32 MB+ only: "
+              f"{m['decode_tg128_tok_s_one_split']}; staged products (default: from "
+              f"plan.MVQ_STAGE_MIN_BYTES) never / wherever they fit: "
               f"{m['decode_tg128_tok_s_staged_products']})")  # fmt: skip
         print("   decode step in the graph (us, whole and per group):",
               ", ".join(f"{k} {v}" for k, v in m["decode_step_us_by_group"].items()))  # fmt: skip

@@ -20,7 +20,7 @@
 
 #define LAYER_MAX_D 512
 #define ATT_MAX_WARPS 8  // blocks of up to 256 threads (8 warps on NVIDIA, 4 on wave64 AMD)
-#define ATT_CHUNK 16  // positions a warp takes at once (their cache slots are looked up together)
+#define ATT_CHUNK 16  // attn_rows: positions a warp takes at once (slots looked up together)
 #define ATT_SPLIT_MIN 128  // positions per split at least
 #define ATT_NEG (-3.402823466e38f)
 
@@ -442,7 +442,8 @@ FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, f
         acc[i] = 0.0f;
     }
     AttTile<S> t;
-    attend_run<LPP, VPL, F16, (S::CH > 16 ? S::CH : 16)>(a, q, t, false, 0, m, l, acc);
+    constexpr int CHK = S::CH > ATT_CHUNK ? S::CH : ATT_CHUNK;
+    attend_run<LPP, VPL, F16, CHK>(a, q, t, false, 0, m, l, acc);
     att_warp_out<LPP, VPL>(m, l, acc, a.Dv, wm, wl, wacc);
 }
 

@@ -286,8 +286,6 @@ def test_one_row_products_take_the_staged_kernels(golden_dir):
     """Batch-1 products go through the staged kernels (mmv.hip *_s) where their tiles fit, with
     the block mvq_stage_threads gives; mvq_stage_bytes None keeps the plain ones; two-row steps
     never stage."""
-    from forge_hip.plan import mvq_stage_threads  # noqa: F401  (the rule tested above)
-
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
     runner.allocate_kv(32, 16)

@@ -269,16 +269,21 @@ def _act(a: np.ndarray, act: int) -> np.ndarray:
     return a / (1.0 + np.exp(-a))
 
 
+def check_gated(rt, lib, dev, types, act, R, staged=False):
+    """act(x W_gate^T) * (x W_up^T) of 53-row matrices (bias with GELU) against float64."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4, staged=staged)
+    ref = _act(case.ref(0), act) * case.ref(1)
+    assert rel_err(case.out(0), ref) < 1e-5
+
+
 @pytest.mark.parametrize("R", [1, 4, 7])
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"),
                                    ("F16", "F16"), ("Q3_K", "Q8_0")], ids="-".join)  # fmt: skip
 def test_mvq_gated(rt, lib, dev, types, act, R):
-    rng = np.random.default_rng()
-    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
-    launch_mvq(rt, lib, dev, case, act=act, grid=4)
-    ref = _act(case.ref(0), act) * case.ref(1)
-    assert rel_err(case.out(0), ref) < 1e-5
+    check_gated(rt, lib, dev, types, act, R)
 
 
 # -- mmv.hip: staged one-row products (weight tiles through shared memory) ---------------------
@@ -312,11 +317,7 @@ def test_mvq_staged_mixed_matrices(rt, lib, dev, types, lanes):
                          ids="-".join)  # fmt: skip
 def test_mvq_staged_gated(rt, lib, dev, types, act):
     """Gate and up tiles side by side (the up's at the next 16-byte boundary)."""
-    rng = np.random.default_rng()
-    case = MvqCase(dev, rng, types, 1, mvq_k(types), [53, 53], bias=act == 1)
-    launch_mvq(rt, lib, dev, case, act=act, grid=4, staged=True)
-    ref = _act(case.ref(0), act) * case.ref(1)
-    assert rel_err(case.out(0), ref) < 1e-5
+    check_gated(rt, lib, dev, types, act, 1, staged=True)
 
 
 # -- mmv.hip: 9..32 token rows (server decode steps) -----------------------------------------------
@@ -351,11 +352,7 @@ def test_mvq_row_chunks_and_lanes(rt, lib, dev, types, lanes, R, rm):
 @pytest.mark.parametrize("types", [("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")],
                          ids="-".join)  # fmt: skip
 def test_mvq_gated_many_rows(rt, lib, dev, types, act, R):
-    rng = np.random.default_rng()
-    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
-    launch_mvq(rt, lib, dev, case, act=act, grid=4)
-    ref = _act(case.ref(0), act) * case.ref(1)
-    assert rel_err(case.out(0), ref) < 1e-5
+    check_gated(rt, lib, dev, types, act, R)
 
 
 @pytest.mark.parametrize("xg", [True, False])
