@@ -649,23 +649,42 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
 // as the QKV product left them (not normed, not rotated); attn_decode_head says who does what.
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
-FORGE_KERNEL void __launch_bounds__(256) attn_decode(const float* __restrict__ q,
-    const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ qnw,
-    const float* __restrict__ knw, const i32* __restrict__ pos, const i32* __restrict__ slots,
-    const i32* __restrict__ bt, const i32* __restrict__ btoff, void* kc, void* vc, float* part_o,
-    float* part_ml, u32* cnt, float* out, int Hkv, int D, int Dv, int n_rot, int neox, float base,
-    float freq_scale, float eps, int block_size, float scale, int window, int kv_f16) {
-    __shared__ float rc[LAYER_MAX_D], wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
-    __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
-    __shared__ int flag;
-    const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt,
-                       out, Hkv, D, Dv, n_rot, neox, base, freq_scale, eps, block_size, scale,
-                       window, kv_f16};
-#define DECODE_HEAD(L, V)                                                 \
-    do {                                                                  \
-        if (kv_f16) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);  \
-        else attn_decode_head<L, V, false>(g, rc, wm, wl, wacc, &flag);        \
+// attn_decode takes every head width; attn_decode_w<W> only heads of at most W (and more than
+// the next narrower kernel's), so it needs only that layout's registers (the plan's choice).
+#define ATT_DECODE_PARAMS                                                                       \
+    const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,      \
+        const float *__restrict__ qnw, const float *__restrict__ knw, const i32 *__restrict__ pos, \
+        const i32 *__restrict__ slots, const i32 *__restrict__ bt, const i32 *__restrict__ btoff, \
+        void *kc, void *vc, float *part_o, float *part_ml, u32 *cnt, float *out, int Hkv, int D, \
+        int Dv, int n_rot, int neox, float base, float freq_scale, float eps, int block_size,   \
+        float scale, int window, int kv_f16
+#define ATT_DECODE_BODY(DISPATCH)                                                               \
+    __shared__ float rc[LAYER_MAX_D], wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];            \
+    __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];                                   \
+    __shared__ int flag;                                                                        \
+    const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt, \
+                       out, Hkv, D, Dv, n_rot, neox, base, freq_scale, eps, block_size, scale, \
+                       window, kv_f16};                                                         \
+    DISPATCH
+#define DECODE_HEAD(L, V)                                                          \
+    do {                                                                           \
+        if (kv_f16) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);      \
+        else attn_decode_head<L, V, false>(g, rc, wm, wl, wacc, &flag);            \
     } while (0)
-    ATT_LAYOUT(D, Dv, DECODE_HEAD);
-#undef DECODE_HEAD
+
+FORGE_KERNEL void __launch_bounds__(256) attn_decode(ATT_DECODE_PARAMS) {
+    ATT_DECODE_BODY(ATT_LAYOUT(D, Dv, DECODE_HEAD);)
 }
+FORGE_KERNEL void __launch_bounds__(256) attn_decode_w64(ATT_DECODE_PARAMS) {
+    ATT_DECODE_BODY(DECODE_HEAD(8, 1);)
+}
+FORGE_KERNEL void __launch_bounds__(256) attn_decode_w128(ATT_DECODE_PARAMS) {
+    ATT_DECODE_BODY(DECODE_HEAD(16, 1);)
+}
+FORGE_KERNEL void __launch_bounds__(256) attn_decode_w256(ATT_DECODE_PARAMS) {
+    ATT_DECODE_BODY(DECODE_HEAD(32, 1);)
+}
+FORGE_KERNEL void __launch_bounds__(256) attn_decode_w512(ATT_DECODE_PARAMS) {
+    ATT_DECODE_BODY(DECODE_HEAD((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));)
+}
+#undef DECODE_HEAD

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from forge_hip.library import ATT_THREADS
+from forge_hip.library import ATT_THREADS, attn_decode_width
 from forge_hip.plan import qk_rope_blocks
 
 from tests.gpu.helpers import rel_err
@@ -135,9 +135,12 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("width", [False, True], ids=["any_width", "by_width"])
 @pytest.mark.parametrize("H,KVH,D,Dv,n_rot,neox,norms,positions,window,splits,f16", DECODE_CASES)
 def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, positions, window,
-                           splits, f16):  # fmt: skip
+                           splits, f16, width):  # fmt: skip
+    """attn_decode (every head width), or the attn_decode_w<W> the plan takes for these heads."""
+    kernel = f"attn_decode_w{attn_decode_width(D, Dv)}" if width else "attn_decode"
     rng = np.random.default_rng()
     c = Case(rng, H, KVH, D, Dv, positions, f16)
     R, scale, eps, base, fscale = len(positions), D**-0.5, 1e-6, 10000.0, 0.5
@@ -150,7 +153,7 @@ def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, posi
     att = [BS, scale, window, int(f16)]
     # fused
     f = c.buffers(dev, splits)
-    rt.launch(lib.get("attn_decode"), (H, R, splits), (ATT_THREADS,),
+    rt.launch(lib.get(kernel), (H, R, splits), (ATT_THREADS,),
               [q, k, v, *nw, *meta, f["kc"], f["vc"], f["part_o"], f["part_ml"], f["cnt"],
                f["out"], KVH, D, Dv, *rope, *att])  # fmt: skip
     fused = dev.get(f["out"], (R, H, Dv))

@@ -36,6 +36,10 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attn_rows": ("attention.hip", "ppppppppppiiiifii"),
     **{f"attn_prefill_{d}": ("attn_prefill.hip", "pppppppiiiiiifii") for d in (64, 128, 256)},
     "attn_decode": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii"),
+    **{
+        f"attn_decode_w{w}": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii")
+        for w in (64, 128, 256, 512)
+    },
     "sample_rows": ("sampling.hip", "pipipppp"),
     "mv_multi": ("linear.hip", "pi"),
     "mv_glu": ("linear.hip", "pii"),
@@ -99,6 +103,12 @@ def register_builtin(register) -> None:  # noqa: ANN001
         register("hip", "embed", type_name, HipKernel(KERNELS[embed][0], embed, KERNELS[embed][1]))
     for op, kernel in BUILTIN_OPS.items():
         register("hip", op, "*", kernel)
+
+
+def attn_decode_width(d: int, dv: int) -> int:
+    """The attn_decode_w<W> kernel for heads of d (and dv) elements: the narrowest W that holds
+    both (attention.hip's ATT_LAYOUT thresholds)."""
+    return next(w for w in (64, 128, 256, 512) if max(d, dv) <= w)
 
 
 ATT_THREADS = 256  # block size of attention.hip's attn_rows / attn_decode (at most 256)

@@ -27,6 +27,7 @@ from forge_hip.library import (
     SAMPLE_THREADS,
     TYPE_IDS,
     KernelLibrary,
+    attn_decode_width,
     sample_parts,
 )
 from forge_hip.workspace import PART_ROWS, Workspace
@@ -184,6 +185,10 @@ class Plan:
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
         self.op = {op: lib.resolve(kernels.require("hip", op).impl) for op in BUILTIN_OPS}
+        if kernels.require("hip", "attn_decode").impl == BUILTIN_OPS["attn_decode"]:
+            # the built-in one for these heads only: that layout's registers, not the widest's
+            width = attn_decode_width(spec.head_dim, spec.head_dim_v)
+            self.op["attn_decode"] = lib.get(f"attn_decode_w{width}")
         self.mv_multi, self.mv_glu = lib.get("mv_multi"), lib.get("mv_glu")
         self.mm_tiled = lib.get("mm_tiled")
         self.descs: list[list[int]] = []
