@@ -283,8 +283,8 @@ def main() -> int:
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
               f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
               f"{m['decode_tg128_tok_s_no_overlap']}; attention in one split: "
-              f"{m['decode_tg128_tok_s_one_split']}; staged products (default: from "
-              f"plan.MVQ_STAGE_MIN_BYTES) never / wherever they fit: "
+              f"{m['decode_tg128_tok_s_one_split']}; staged products (default: "
+              f"plan.mvq_stage_bytes) never / wherever they fit: "
               f"{m['decode_tg128_tok_s_staged_products']})")  # fmt: skip
         print("   decode step in the graph (us, whole and per group):",
               ", ".join(f"{k} {v}" for k, v in m["decode_step_us_by_group"].items()))  # fmt: skip

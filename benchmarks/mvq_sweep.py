@@ -298,9 +298,9 @@ def main() -> int:
         {"kind": "new", "xg": 1}, {"kind": "new", "xg": 0},
         {"kind": "new", "src": "#define MVQ_MIN_BLOCKS 3"},
         {"kind": "new", "src": "#define MVQ_MIN_BLOCKS 2"},
-        {"kind": "new", "src": "#define MVQ_STEP 4\n#define MVQ_MIN_BLOCKS 3"},
-        {"kind": "new", "src": "#define MVQ_STEP 4\n#define MVQ_MIN_BLOCKS 2"},
-        {"kind": "new", "src": "#define MVQ_STEP 1"},
+        {"kind": "new", "src": "#define MVQ_STEP(RM) 4\n#define MVQ_MIN_BLOCKS 3"},
+        {"kind": "new", "src": "#define MVQ_STEP(RM) 4\n#define MVQ_MIN_BLOCKS 2"},
+        {"kind": "new", "src": "#define MVQ_STEP(RM) 1"},
     ]  # fmt: skip
     results = []
     for name, types, K, ns, glu, _ in SHAPES:  # the main comparison first

@@ -6,7 +6,8 @@
 //
 // Units per row (element k of a row sits in exactly one unit):
 //   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/8 (4 per block)
-//   Q4_K Q5_K: K/32 (8 per super-block: 16 bytes of quants each)        Q6_K: K/16 (16 per block)
+//   Q4_K: K/64 (4 per super-block: 32 bytes of quants each)   Q5_K: K/32 (8 per super-block: 16
+//   bytes of quants each)   Q6_K: K/16 (16 per block)
 //   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)
 // Plain C++ under FORGE_HOST too, so that tests/test_hip_mmv_host.py checks the units on the CPU.
 #pragma once
@@ -92,7 +93,7 @@ FORGE_DEV void unit32_add(const XQ& x, int b, int i, u32 w0, u32 w1, u32 w2, u32
                           float m, int R, float* acc) {
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
-        if (r < R) {
+        if (RM == 1 || r < R) {  // (R is 1 when RM is)
             const i8* xr = x.q + (i64)r * x.K + 32 * b + 8 * i;
             const V2 xl = *(const V2*)xr, xh = *(const V2*)(xr + 16);
             const int s = dp4a(w0, xl.x, dp4a(w1, xl.y, dp4a(w2, xh.x, dp4a(w3, xh.y, 0))));
@@ -102,59 +103,100 @@ FORGE_DEV void unit32_add(const XQ& x, int b, int i, u32 w0, u32 w1, u32 w2, u32
     }
 }
 
-template <int RM> FORGE_DEV void unit_q4_0(const u8* row, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 1, i = u & 1;
-    const u8* blk = row + (i64)b * BYTES_Q4_0;
-    const V2 q = ld8_a2(blk + 2 + 8 * i);
+// A unit in two halves: ld_T() reads its weight bytes, add_T() does the arithmetic. mmv.hip loads
+// every unit of a step before it uses any, so their memory latencies overlap.
+struct Ld32 {  // a 32-element-block unit: quants (or their low bits), high bits, scales
+    V2 q;
+    u32 qh;
+    float d, m;
+};
+
+FORGE_DEV Ld32 ld_q4_0(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 1) * BYTES_Q4_0;
+    Ld32 w;
+    w.q = ld8_a2(blk + 2 + 8 * (u & 1));
+    w.qh = 0u;
+    w.d = h2f(ld2(blk));
+    w.m = 0.0f;
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q4_0(const Ld32& w, int u, const XQ& x, int R, float* acc) {
     const u32 k = 0x08080808u;
-    unit32_add<RM>(x, b, i, bsub(q.x & M4, k), bsub(q.y & M4, k), bsub((q.x >> 4) & M4, k),
-                   bsub((q.y >> 4) & M4, k), h2f(ld2(blk)), 0.0f, R, acc);
+    unit32_add<RM>(x, u >> 1, u & 1, bsub(w.q.x & M4, k), bsub(w.q.y & M4, k),
+                   bsub((w.q.x >> 4) & M4, k), bsub((w.q.y >> 4) & M4, k), w.d, 0.0f, R, acc);
 }
 
-template <int RM> FORGE_DEV void unit_q4_1(const u8* row, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 1, i = u & 1;
-    const u8* blk = row + (i64)b * BYTES_Q4_1;
-    const V2 q = ld8_a2(blk + 4 + 8 * i);
-    unit32_add<RM>(x, b, i, q.x & M4, q.y & M4, (q.x >> 4) & M4, (q.y >> 4) & M4, h2f(ld2(blk)),
-                   h2f(ld2(blk + 2)), R, acc);
+FORGE_DEV Ld32 ld_q4_1(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 1) * BYTES_Q4_1;
+    Ld32 w;
+    w.q = ld8_a2(blk + 4 + 8 * (u & 1));
+    w.qh = 0u;
+    w.d = h2f(ld2(blk));
+    w.m = h2f(ld2(blk + 2));
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q4_1(const Ld32& w, int u, const XQ& x, int R, float* acc) {
+    unit32_add<RM>(x, u >> 1, u & 1, w.q.x & M4, w.q.y & M4, (w.q.x >> 4) & M4,
+                   (w.q.y >> 4) & M4, w.d, w.m, R, acc);
 }
 
-template <int RM> FORGE_DEV void unit_q5_0(const u8* row, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 1, i = u & 1;
-    const u8* blk = row + (i64)b * BYTES_Q5_0;
-    const u32 qh = ld4_a2(blk + 2);
-    const V2 q = ld8_a2(blk + 6 + 8 * i);
-    const u32 hl = qh >> (8 * i), hh = qh >> (16 + 8 * i), k = 0x10101010u;
-    unit32_add<RM>(x, b, i, bsub((q.x & M4) | bit4_to_bytes(hl), k),
-                   bsub((q.y & M4) | bit4_to_bytes(hl >> 4), k),
-                   bsub(((q.x >> 4) & M4) | bit4_to_bytes(hh), k),
-                   bsub(((q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), k), h2f(ld2(blk)), 0.0f, R,
-                   acc);
+FORGE_DEV Ld32 ld_q5_0(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 1) * BYTES_Q5_0;
+    Ld32 w;
+    w.qh = ld4_a2(blk + 2);
+    w.q = ld8_a2(blk + 6 + 8 * (u & 1));
+    w.d = h2f(ld2(blk));
+    w.m = 0.0f;
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q5_0(const Ld32& w, int u, const XQ& x, int R, float* acc) {
+    const int i = u & 1;
+    const u32 hl = w.qh >> (8 * i), hh = w.qh >> (16 + 8 * i), k = 0x10101010u;
+    unit32_add<RM>(x, u >> 1, i, bsub((w.q.x & M4) | bit4_to_bytes(hl), k),
+                   bsub((w.q.y & M4) | bit4_to_bytes(hl >> 4), k),
+                   bsub(((w.q.x >> 4) & M4) | bit4_to_bytes(hh), k),
+                   bsub(((w.q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), k), w.d, 0.0f, R, acc);
 }
 
-template <int RM> FORGE_DEV void unit_q5_1(const u8* row, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 1, i = u & 1;
-    const u8* blk = row + (i64)b * BYTES_Q5_1;
-    const u32 qh = ld4_a2(blk + 4);
-    const V2 q = ld8_a2(blk + 8 + 8 * i);
-    const u32 hl = qh >> (8 * i), hh = qh >> (16 + 8 * i);
-    unit32_add<RM>(x, b, i, (q.x & M4) | bit4_to_bytes(hl), (q.y & M4) | bit4_to_bytes(hl >> 4),
-                   ((q.x >> 4) & M4) | bit4_to_bytes(hh),
-                   ((q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), h2f(ld2(blk)), h2f(ld2(blk + 2)), R,
-                   acc);
+FORGE_DEV Ld32 ld_q5_1(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 1) * BYTES_Q5_1;
+    Ld32 w;
+    w.qh = ld4_a2(blk + 4);
+    w.q = ld8_a2(blk + 8 + 8 * (u & 1));
+    w.d = h2f(ld2(blk));
+    w.m = h2f(ld2(blk + 2));
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q5_1(const Ld32& w, int u, const XQ& x, int R, float* acc) {
+    const int i = u & 1;
+    const u32 hl = w.qh >> (8 * i), hh = w.qh >> (16 + 8 * i);
+    unit32_add<RM>(x, u >> 1, i, (w.q.x & M4) | bit4_to_bytes(hl),
+                   (w.q.y & M4) | bit4_to_bytes(hl >> 4), ((w.q.x >> 4) & M4) | bit4_to_bytes(hh),
+                   ((w.q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), w.d, w.m, R, acc);
 }
 
-template <int RM> FORGE_DEV void unit_q8_0(const u8* row, int u, const XQ& x, int R, float* acc) {
+FORGE_DEV Ld32 ld_q8_0(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 2) * BYTES_Q8_0;
+    Ld32 w;
+    w.q = ld8_a2(blk + 2 + 8 * (u & 3));
+    w.qh = 0u;
+    w.d = h2f(ld2(blk));
+    w.m = 0.0f;
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q8_0(const Ld32& w, int u, const XQ& x, int R, float* acc) {
     const int b = u >> 2, i = u & 3;
-    const u8* blk = row + (i64)b * BYTES_Q8_0;
-    const V2 q = ld8_a2(blk + 2 + 8 * i);
-    const float d = h2f(ld2(blk));
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
-        if (r < R) {
+        if (RM == 1 || r < R) {
             const V2 xv = *(const V2*)(x.q + (i64)r * x.K + 32 * b + 8 * i);
-            const int s = dp4a(q.x, xv.x, dp4a(q.y, xv.y, 0));
-            acc[r] += d * x.ds[(i64)r * (x.K / 32) + b].x * (float)s;
+            const int s = dp4a(w.q.x, xv.x, dp4a(w.q.y, xv.y, 0));
+            acc[r] += w.d * x.ds[(i64)r * (x.K / 32) + b].x * (float)s;
         }
     }
 }
@@ -165,16 +207,12 @@ template <int RM> FORGE_DEV void unit_q8_0(const u8* row, int u, const XQ& x, in
 FORGE_DEV void k4_sm(u32 s0, u32 s1, u32 s2, int j, int* sc, int* m) {
     const int t = 8 * (j & 3);
     const u32 b0 = s0 >> t, b1 = s1 >> t, b2 = s2 >> t;
-    if (j < 4) {
-        *sc = (int)(b0 & 63);
-        *m = (int)(b1 & 63);
-    } else {
-        *sc = (int)((b2 & 15) | ((b0 >> 2) & 48));
-        *m = (int)(((b2 >> 4) & 15) | ((b1 >> 2) & 48));
-    }
+    const bool lo = j < 4;  // selects, not branches: lanes of a warp take both kinds
+    *sc = (int)(lo ? b0 & 63 : (b2 & 15) | ((b0 >> 2) & 48));
+    *m = (int)(lo ? b1 & 63 : ((b2 >> 4) & 15) | ((b1 >> 2) & 48));
 }
 
-// Q4_K/Q5_K unit i (0..7) of a super-block: quants of sub-blocks 2p (wa) and 2p+1 (wb), p = i/2,
+// Q5_K unit i (0..7) of a super-block: quants of sub-blocks 2p (wa) and 2p+1 (wb), p = i/2,
 // elements l0..l0+15 of each (l0 = 16 (i & 1)); the first unit of a pair adds the two mins.
 template <int RM>
 FORGE_DEV void unitk_add(const XQ& x, int b, int i, const V4& h, const V4& wa, const V4& wb, int R,
@@ -187,7 +225,7 @@ FORGE_DEV void unitk_add(const XQ& x, int b, int i, const V4& h, const V4& wa, c
     const float mins = (i & 1) ? 0.0f : dmin;
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
-        if (r < R) {
+        if (RM == 1 || r < R) {
             const i8* xr = x.q + (i64)r * x.K + 256 * b + 64 * p + l0;
             const V4 xa = *(const V4*)xr, xb = *(const V4*)(xr + 32);
             const int da = dot16(wa, xa), db = dot16(wb, xb);
@@ -200,15 +238,48 @@ FORGE_DEV void unitk_add(const XQ& x, int b, int i, const V4& h, const V4& wa, c
     }
 }
 
-template <int RM> FORGE_DEV void unit_q4_k(const u8* row, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 3, i = u & 7;
-    const u8* blk = row + (i64)b * BYTES_Q4_K;  // 16-aligned: rows are whole 144-byte blocks
-    const V4 h = *(const V4*)blk;
-    const V4 q = *(const V4*)(blk + 16 + 16 * i);
-    V4 wa, wb;
-    wa.x = q.x & M4, wa.y = q.y & M4, wa.z = q.z & M4, wa.w = q.w & M4;
-    wb.x = (q.x >> 4) & M4, wb.y = (q.y >> 4) & M4, wb.z = (q.z >> 4) & M4, wb.w = (q.w >> 4) & M4;
-    unitk_add<RM>(x, b, i, h, wa, wb, R, acc);
+// Q4_K unit p (0..3) of a super-block: its quant bytes 32p .. 32p+31, whose low nibbles are
+// sub-block 2p and high nibbles sub-block 2p+1 (all 32 elements of each): one scale decode per
+// 64 elements.
+struct LdK4 {  // the super-block header (d, dmin, scales) and the unit's 32 quant bytes
+    V4 h, q0, q1;
+};
+
+FORGE_DEV LdK4 ld_q4_k(const u8* row, int u) {
+    const u8* blk = row + (i64)(u >> 2) * BYTES_Q4_K;  // 16-aligned: rows are whole 144-byte blocks
+    LdK4 w;
+    w.h = *(const V4*)blk;
+    w.q0 = *(const V4*)(blk + 16 + 32 * (u & 3));
+    w.q1 = *(const V4*)(blk + 32 + 32 * (u & 3));
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q4_k(const LdK4& w, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 2, p = u & 3;
+    int sca, ma, scb, mb;
+    k4_sm(w.h.y, w.h.z, w.h.w, 2 * p, &sca, &ma);
+    k4_sm(w.h.y, w.h.z, w.h.w, 2 * p + 1, &scb, &mb);
+    const float d = h2f((u16)(w.h.x & 0xffff)), dmin = h2f((u16)(w.h.x >> 16));
+    V4 a0, a1, b0, b1;  // sub-block 2p (low nibbles) and 2p+1 (high), elements 0-15 and 16-31
+    a0.x = w.q0.x & M4, a0.y = w.q0.y & M4, a0.z = w.q0.z & M4, a0.w = w.q0.w & M4;
+    a1.x = w.q1.x & M4, a1.y = w.q1.y & M4, a1.z = w.q1.z & M4, a1.w = w.q1.w & M4;
+    b0.x = (w.q0.x >> 4) & M4, b0.y = (w.q0.y >> 4) & M4, b0.z = (w.q0.z >> 4) & M4;
+    b0.w = (w.q0.w >> 4) & M4;
+    b1.x = (w.q1.x >> 4) & M4, b1.y = (w.q1.y >> 4) & M4, b1.z = (w.q1.z >> 4) & M4;
+    b1.w = (w.q1.w >> 4) & M4;
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+        if (RM == 1 || r < R) {
+            const V4* xr = (const V4*)(x.q + (i64)r * x.K + 256 * b + 64 * p);
+            const int da = dot16(a0, xr[0]) + dot16(a1, xr[1]);
+            const int db = dot16(b0, xr[2]) + dot16(b1, xr[3]);
+            // {scale, sum 2p, scale, sum 2p+1}: one scale per 256 (activations rounded like Q8_K)
+            const F4 ds = *(const F4*)(x.ds + (i64)r * (x.K / 32) + 8 * b + 2 * p);
+            const float v =
+                d * (float)(sca * da + scb * db) - dmin * ((float)ma * ds.y + (float)mb * ds.w);
+            acc[r] += ds.x * v;
+        }
+    }
 }
 
 template <int RM> FORGE_DEV void unit_q5_k(const u8* row, int u, const XQ& x, int R, float* acc) {
@@ -231,31 +302,58 @@ template <int RM> FORGE_DEV void unit_q5_k(const u8* row, int u, const XQ& x, in
 
 // Q6_K unit i (0..15): ql[8i .. 8i+7] = elements l0..l0+7 (l0 = 8 (i & 3)) of chunks j = seg
 // (low nibbles) and seg + 2 (high nibbles) of half h, seg = (i >> 2) & 1, h = i >> 3.
-template <int RM> FORGE_DEV void unit_q6_k(const u8* row, int u, const XQ& x, int R, float* acc) {
+struct LdK6 {  // a Q6_K unit: 8 low-bit bytes, 8 high-bit bytes, its two scales and d
+    V2 ql, qh;
+    int sa, sb;
+    float d;
+};
+
+FORGE_DEV LdK6 ld_q6_k(const u8* row, int u) {
     const int b = u >> 4, i = u & 15, h = i >> 3, seg = (i >> 2) & 1, l0 = 8 * (i & 3);
     const u8* blk = row + (i64)b * BYTES_Q6_K;
-    const V2 ql = ld8_a2(blk + 8 * i);
-    const V2 qh = ld8_a2(blk + 128 + 32 * h + l0);
     const i8* sc = (const i8*)(blk + 192 + 8 * h + 2 * seg + (l0 >> 4));
-    const int sa = sc[0], sb = sc[4];
-    const float d = h2f(ld2(blk + 208));
+    LdK6 w;
+    w.ql = ld8_a2(blk + 8 * i);
+    w.qh = ld8_a2(blk + 128 + 32 * h + l0);
+    w.sa = sc[0];
+    w.sb = sc[4];
+    w.d = h2f(ld2(blk + 208));
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
+    const int b = u >> 4, i = u & 15, h = i >> 3, seg = (i >> 2) & 1, l0 = 8 * (i & 3);
     const u32 o = 0x03030303u, k = 0x20202020u;
     const int ta = 2 * seg, tb = 2 * seg + 4;
-    const u32 a0 = bsub((ql.x & M4) | (((qh.x >> ta) & o) << 4), k);
-    const u32 a1 = bsub((ql.y & M4) | (((qh.y >> ta) & o) << 4), k);
-    const u32 b0 = bsub(((ql.x >> 4) & M4) | (((qh.x >> tb) & o) << 4), k);
-    const u32 b1 = bsub(((ql.y >> 4) & M4) | (((qh.y >> tb) & o) << 4), k);
+    const u32 a0 = bsub((w.ql.x & M4) | (((w.qh.x >> ta) & o) << 4), k);
+    const u32 a1 = bsub((w.ql.y & M4) | (((w.qh.y >> ta) & o) << 4), k);
+    const u32 b0 = bsub(((w.ql.x >> 4) & M4) | (((w.qh.x >> tb) & o) << 4), k);
+    const u32 b1 = bsub(((w.ql.y >> 4) & M4) | (((w.qh.y >> tb) & o) << 4), k);
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
-        if (r < R) {
+        if (RM == 1 || r < R) {
             const i8* xr = x.q + (i64)r * x.K + 256 * b + 128 * h + 32 * seg + l0;
             const V2 xa = *(const V2*)xr, xb = *(const V2*)(xr + 64);
-            const int s =
-                sa * dp4a(a0, xa.x, dp4a(a1, xa.y, 0)) + sb * dp4a(b0, xb.x, dp4a(b1, xb.y, 0));
-            acc[r] += x.ds[(i64)r * (x.K / 32) + 8 * b].x * d * (float)s;
+            const int s = w.sa * dp4a(a0, xa.x, dp4a(a1, xa.y, 0)) +
+                          w.sb * dp4a(b0, xb.x, dp4a(b1, xb.y, 0));
+            acc[r] += x.ds[(i64)r * (x.K / 32) + 8 * b].x * w.d * (float)s;
         }
     }
 }
+
+// unit_T: both halves at once (the staged kernels and the host tests call these).
+#define MVQ_UNIT(T)                                                                     \
+    template <int RM>                                                                   \
+    FORGE_DEV void unit_##T(const u8* row, int u, const XQ& x, int R, float* acc) {     \
+        add_##T<RM>(ld_##T(row, u), u, x, R, acc);                                      \
+    }
+MVQ_UNIT(q4_0)
+MVQ_UNIT(q4_1)
+MVQ_UNIT(q5_0)
+MVQ_UNIT(q5_1)
+MVQ_UNIT(q8_0)
+MVQ_UNIT(q4_k)
+MVQ_UNIT(q6_k)
 
 // Any quantized type through its float decoder (quants.h): unit c = elements 32c .. 32c+31.
 #define MVQ_UNIT_DEQ(T)                                                                        \

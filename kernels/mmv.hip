@@ -208,21 +208,25 @@ FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, 
     }
 }
 
-// This lane's share of row n . x[r] for r < R, added to acc: MVQ_STEP units per step in flight
-// (one for Q5_K and the float-decoded types). GEN: with Q2_K/Q3_K (their float decoders need
-// many registers, so the kernels for the other types leave them out and skip their rows).
+// This lane's share of row n . x[r] for r < R, added to acc: MVQ_STEP(RM) units per step, all
+// of a step's weight bytes loaded before any unit is computed (one unit at a time for Q5_K and
+// the float-decoded types). GEN: with Q2_K/Q3_K (their float decoders need many registers, so
+// the kernels for the other types leave them out and skip their rows).
 #ifndef MVQ_STEP
-#define MVQ_STEP 2
+#define MVQ_STEP(RM) ((RM) == 1 ? 4 : 2)
 #endif
-#define MVQ_ROW(F, U, X)                                                                \
+#define MVQ_ROW(T, U, X)                                                                \
     {                                                                                   \
+        constexpr int S = MVQ_STEP(RM);                                                 \
         const int units = (U);                                                          \
         int u = lane;                                                                   \
-        for (; u + (MVQ_STEP - 1) * G < units; u += MVQ_STEP * G) {                     \
-            _Pragma("unroll") for (int s = 0; s < MVQ_STEP; ++s)                        \
-                F<RM>(row, u + s * G, X, R, acc);                                       \
+        for (; u + (S - 1) * G < units; u += S * G) {                                   \
+            decltype(ld_##T(row, 0)) w[S];                                              \
+            _Pragma("unroll") for (int s = 0; s < S; ++s) w[s] = ld_##T(row, u + s * G); \
+            _Pragma("unroll") for (int s = 0; s < S; ++s)                               \
+                add_##T<RM>(w[s], u + s * G, X, R, acc);                                \
         }                                                                               \
-        for (; u < units; u += G) F<RM>(row, u, X, R, acc);                             \
+        for (; u < units; u += G) unit_##T<RM>(row, u, X, R, acc);                      \
         break;                                                                          \
     }
 #define MVQ_ROW1(F, U, X)                                                               \
@@ -244,19 +248,74 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
     const u8* row = m.W + (i64)n * m.row_bytes;
     const int K = m.K;
     switch (m.type) {
-        case MT_Q4_0: MVQ_ROW(unit_q4_0, K / 16, x1)
-        case MT_Q4_1: MVQ_ROW(unit_q4_1, K / 16, x1)
-        case MT_Q5_0: MVQ_ROW(unit_q5_0, K / 16, x1)
-        case MT_Q5_1: MVQ_ROW(unit_q5_1, K / 16, x1)
-        case MT_Q8_0: MVQ_ROW(unit_q8_0, K / 8, x1)
+        case MT_Q4_0: MVQ_ROW(q4_0, K / 16, x1)
+        case MT_Q4_1: MVQ_ROW(q4_1, K / 16, x1)
+        case MT_Q5_0: MVQ_ROW(q5_0, K / 16, x1)
+        case MT_Q5_1: MVQ_ROW(q5_1, K / 16, x1)
+        case MT_Q8_0: MVQ_ROW(q8_0, K / 8, x1)
         case MT_Q2_K: MVQ_ROW_GEN(unit_q2_k, K / 32, x2)
         case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
-        case MT_Q4_K: MVQ_ROW(unit_q4_k, K / 32, x2)
+        case MT_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
         case MT_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
-        case MT_Q6_K: MVQ_ROW(unit_q6_k, K / 16, x2)
+        case MT_Q6_K: MVQ_ROW(q6_k, K / 16, x2)
         default: row_dot_f<RM>(m.type, row, m.x, K, lane, G, R, acc); break;
     }
 }
+
+// Gate and up rows n of the same type at once (one-row gated products): MVQ_STEP(1) / 2 units
+// of each per step, all loaded before any is computed, so the two rows' loads overlap.
+#ifndef MVQ_GLU_PAIR
+#define MVQ_GLU_PAIR 1
+#endif
+#define MVQ_ROW2(T, U, X)                                                               \
+    {                                                                                   \
+        constexpr int S = MVQ_STEP(1) / 2 > 0 ? MVQ_STEP(1) / 2 : 1;                    \
+        const int units = (U);                                                          \
+        int u = lane;                                                                   \
+        for (; u + (S - 1) * G < units; u += S * G) {                                   \
+            decltype(ld_##T(row, 0)) w[S], v[S];                                        \
+            _Pragma("unroll") for (int s = 0; s < S; ++s) {                             \
+                w[s] = ld_##T(row, u + s * G);                                          \
+                v[s] = ld_##T(row2, u + s * G);                                         \
+            }                                                                           \
+            _Pragma("unroll") for (int s = 0; s < S; ++s) {                             \
+                add_##T<1>(w[s], u + s * G, X, 1, acc);                                 \
+                add_##T<1>(v[s], u + s * G, X, 1, acc2);                                \
+            }                                                                           \
+        }                                                                               \
+        for (; u < units; u += G) {                                                     \
+            const auto w = ld_##T(row, u), v = ld_##T(row2, u);                         \
+            add_##T<1>(w, u, X, 1, acc);                                                \
+            add_##T<1>(v, u, X, 1, acc2);                                               \
+        }                                                                               \
+        return true;                                                                    \
+    }
+
+template <int RM> struct GluPair {  // only one-row products pair their rows
+    static FORGE_DEV bool run(const MvMat&, const MvMat&, int, int, int, const XQ&, const XQ&,
+                              float*, float*) {
+        return false;
+    }
+};
+template <> struct GluPair<1> {
+    static FORGE_DEV bool run(const MvMat& m, const MvMat& up, int n, int lane, int G,
+                              const XQ& x1, const XQ& x2, float* acc, float* acc2) {
+        if (!MVQ_GLU_PAIR || up.type != m.type || up.row_bytes != m.row_bytes) return false;
+        const u8* row = m.W + (i64)n * m.row_bytes;
+        const u8* row2 = up.W + (i64)n * up.row_bytes;
+        const int K = m.K;
+        switch (m.type) {
+            case MT_Q4_0: MVQ_ROW2(q4_0, K / 16, x1)
+            case MT_Q4_1: MVQ_ROW2(q4_1, K / 16, x1)
+            case MT_Q5_0: MVQ_ROW2(q5_0, K / 16, x1)
+            case MT_Q5_1: MVQ_ROW2(q5_1, K / 16, x1)
+            case MT_Q8_0: MVQ_ROW2(q8_0, K / 8, x1)
+            case MT_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
+            case MT_Q6_K: MVQ_ROW2(q6_k, K / 16, x2)
+            default: return false;
+        }
+    }
+};
 
 // Sums v[0 .. RM) over the G lanes of a group at once: halving exchanges (each lane keeps one half
 // of what it holds and adds its partner's copy of that half: RM/2 + RM/4 + ... shuffles instead of
@@ -478,11 +537,11 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
             if (n < m.N) {
                 MvMat mc = m;
                 mc.x += (i64)r0 * K;
-                row_dot<RM, GEN>(mc, nr, lane, G, c1, c2, Rc, acc);
-                if (glu) {
-                    MvMat uc = up;
-                    uc.x += (i64)r0 * K;
-                    row_dot<RM, GEN>(uc, nr, lane, G, c1, c2, Rc, acc2);
+                MvMat uc = up;
+                uc.x += (i64)r0 * K;
+                if (!glu || !GluPair<RM>::run(mc, uc, nr, lane, G, c1, c2, acc, acc2)) {
+                    row_dot<RM, GEN>(mc, nr, lane, G, c1, c2, Rc, acc);
+                    if (glu) row_dot<RM, GEN>(uc, nr, lane, G, c1, c2, Rc, acc2);
                 }
             }
             int row0;

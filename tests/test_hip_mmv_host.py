@@ -37,7 +37,7 @@ extern "C" int mmv_row(int type, const u8* row, int K, const i8* q, const float*
         case 7: CALL(q8_0, K / 8)
         case 8: CALL(q2_k, K / 32)
         case 9: CALL(q3_k, K / 32)
-        case 10: CALL(q4_k, K / 32)
+        case 10: CALL(q4_k, K / 64)
         case 11: CALL(q5_k, K / 32)
         case 12: CALL(q6_k, K / 16)
     }

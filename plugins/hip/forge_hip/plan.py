@@ -78,12 +78,9 @@ MVQ_FLAGS = 1
 # the kernel also folds add_norm. A product whose tiles or x do not fit keeps the plain kernel.
 MVQ_STAGE_BUF = {False: 20480, True: 14336}
 MVQ_STAGE_X = {False: 6144, True: 2560}
-# ... for products of at least this many weight bytes: on an H200 head-sized ones gain (gemma3
-# head 136 -> 122 us, llama-8B tg128 236 -> 245 tok/s), the small ones do not.
-MVQ_STAGE_MIN_BYTES = 32 << 20
 # Elements per unit (one lane's step, see mmv.h) of each weight type.
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
-            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
+            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 64, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
 
 
 def mvq_max_rows(types: list[str], work: int = 0) -> int:
@@ -125,11 +122,11 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
 
 def mvq_stage_threads(mats: list, g: int, glu: bool, norm: bool, need: int) -> int:
     """Block size of the staged one-row kernels for matrices `mats` (row_bytes, k) with g lanes
-    per row: the largest of 256/128/64 whose row groups make 16-byte aligned tiles that fit
+    per row: the largest of 256/128/64/32 whose row groups make 16-byte aligned tiles that fit
     MVQ_STAGE_BUF (glu: gate and up tiles together), or 0 (x too long, or no fit)."""
     if mvq_xbytes(need, 1, mats[0].k) > MVQ_STAGE_X[norm]:
         return 0
-    for threads in (256, 128, 64):
+    for threads in (256, 128, 64, 32):
         rb = threads // g
         if rb < 1:
             break
@@ -176,8 +173,9 @@ class Plan:
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
         # one-row products of at least this many weight bytes take the staged kernels where
-        # their tiles fit (None: never)
-        self.mvq_stage_bytes: int | None = MVQ_STAGE_MIN_BYTES
+        # their tiles fit (None: never). Never, since the plain kernels load a whole step of
+        # units before computing any: gemma3 twin tg128 (H100) never 1,402, heads only 1,387.
+        self.mvq_stage_bytes: int | None = None
         self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self._head_norm: list | None = None  # the last add_norm, left to output()
