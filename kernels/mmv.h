@@ -7,7 +7,7 @@
 // Units per row (element k of a row sits in exactly one unit):
 //   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/8 (4 per block)
 //   Q4_K: K/64 (4 per super-block: 32 bytes of quants each)   Q5_K: K/32 (8 per super-block: 16
-//   bytes of quants each)   Q6_K: K/16 (16 per block)
+//   bytes of quants each)   Q6_K: K/32 (8 per block)
 //   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)
 // Plain C++ under FORGE_HOST too, so that tests/test_hip_mmv_host.py checks the units on the CPU.
 #pragma once
@@ -300,42 +300,53 @@ template <int RM> FORGE_DEV void unit_q5_k(const u8* row, int u, const XQ& x, in
     unitk_add<RM>(x, b, i, h, wa, wb, R, acc);
 }
 
-// Q6_K unit i (0..15): ql[8i .. 8i+7] = elements l0..l0+7 (l0 = 8 (i & 3)) of chunks j = seg
-// (low nibbles) and seg + 2 (high nibbles) of half h, seg = (i >> 2) & 1, h = i >> 3.
-struct LdK6 {  // a Q6_K unit: 8 low-bit bytes, 8 high-bit bytes, its two scales and d
-    V2 ql, qh;
-    int sa, sb;
+// Q6_K unit j (0..7) of a block: elements l0 .. l0+7 (l0 = 8 (j & 3)) of the four 32-element
+// chunks of half h = j >> 2, i.e. ql[64h + l0 ..] (chunk 0 low nibbles, chunk 2 high), ql[64h +
+// 32 + l0 ..] (chunks 1 and 3) and the two high bits of all four from qh[32h + l0 ..]; chunk c's
+// scale is scales[8h + l0/16 + 2c].
+struct LdK6 {  // the unit's low bits (two 8-byte runs), high bits, its half's 8 scales, and d
+    V2 qa, qc, qh, sc;
     float d;
 };
 
 FORGE_DEV LdK6 ld_q6_k(const u8* row, int u) {
-    const int b = u >> 4, i = u & 15, h = i >> 3, seg = (i >> 2) & 1, l0 = 8 * (i & 3);
-    const u8* blk = row + (i64)b * BYTES_Q6_K;
-    const i8* sc = (const i8*)(blk + 192 + 8 * h + 2 * seg + (l0 >> 4));
+    const int h = (u >> 2) & 1, l0 = 8 * (u & 3);
+    const u8* blk = row + (i64)(u >> 3) * BYTES_Q6_K;
     LdK6 w;
-    w.ql = ld8_a2(blk + 8 * i);
+    w.qa = ld8_a2(blk + 64 * h + l0);
+    w.qc = ld8_a2(blk + 64 * h + 32 + l0);
     w.qh = ld8_a2(blk + 128 + 32 * h + l0);
-    w.sa = sc[0];
-    w.sb = sc[4];
+    w.sc = ld8_a2(blk + 192 + 8 * h);
     w.d = h2f(ld2(blk + 208));
     return w;
 }
 template <int RM>
 FORGE_DEV void add_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 4, i = u & 15, h = i >> 3, seg = (i >> 2) & 1, l0 = 8 * (i & 3);
+    const int b = u >> 3, h = (u >> 2) & 1, l0 = 8 * (u & 3);
     const u32 o = 0x03030303u, k = 0x20202020u;
-    const int ta = 2 * seg, tb = 2 * seg + 4;
-    const u32 a0 = bsub((w.ql.x & M4) | (((w.qh.x >> ta) & o) << 4), k);
-    const u32 a1 = bsub((w.ql.y & M4) | (((w.qh.y >> ta) & o) << 4), k);
-    const u32 b0 = bsub(((w.ql.x >> 4) & M4) | (((w.qh.x >> tb) & o) << 4), k);
-    const u32 b1 = bsub(((w.ql.y >> 4) & M4) | (((w.qh.y >> tb) & o) << 4), k);
+    u32 g[4][2];  // chunks 0..3: 8 signed 6-bit values each
+    g[0][0] = bsub((w.qa.x & M4) | ((w.qh.x & o) << 4), k);
+    g[0][1] = bsub((w.qa.y & M4) | ((w.qh.y & o) << 4), k);
+    g[1][0] = bsub((w.qc.x & M4) | (((w.qh.x >> 2) & o) << 4), k);
+    g[1][1] = bsub((w.qc.y & M4) | (((w.qh.y >> 2) & o) << 4), k);
+    g[2][0] = bsub(((w.qa.x >> 4) & M4) | (((w.qh.x >> 4) & o) << 4), k);
+    g[2][1] = bsub(((w.qa.y >> 4) & M4) | (((w.qh.y >> 4) & o) << 4), k);
+    g[3][0] = bsub(((w.qc.x >> 4) & M4) | (((w.qh.x >> 6) & o) << 4), k);
+    g[3][1] = bsub(((w.qc.y >> 4) & M4) | (((w.qh.y >> 6) & o) << 4), k);
+    const u32 sw = (l0 >> 4) ? (w.sc.x >> 8) | (w.sc.y << 24) : w.sc.x;  // scales from l0/16 on
+    const u32 sv = (l0 >> 4) ? w.sc.y >> 8 : w.sc.y;
+    const int s0 = (int)(i8)(sw & 255), s1 = (int)(i8)((sw >> 16) & 255);
+    const int s2 = (int)(i8)(sv & 255), s3 = (int)(i8)((sv >> 16) & 255);
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
         if (RM == 1 || r < R) {
-            const i8* xr = x.q + (i64)r * x.K + 256 * b + 128 * h + 32 * seg + l0;
-            const V2 xa = *(const V2*)xr, xb = *(const V2*)(xr + 64);
-            const int s = w.sa * dp4a(a0, xa.x, dp4a(a1, xa.y, 0)) +
-                          w.sb * dp4a(b0, xb.x, dp4a(b1, xb.y, 0));
+            const i8* xr = x.q + (i64)r * x.K + 256 * b + 128 * h + l0;
+            const V2 x0 = *(const V2*)xr, x1 = *(const V2*)(xr + 32);
+            const V2 x2 = *(const V2*)(xr + 64), x3 = *(const V2*)(xr + 96);
+            const int s = s0 * dp4a(g[0][0], x0.x, dp4a(g[0][1], x0.y, 0)) +
+                          s1 * dp4a(g[1][0], x1.x, dp4a(g[1][1], x1.y, 0)) +
+                          s2 * dp4a(g[2][0], x2.x, dp4a(g[2][1], x2.y, 0)) +
+                          s3 * dp4a(g[3][0], x3.x, dp4a(g[3][1], x3.y, 0));
             acc[r] += x.ds[(i64)r * (x.K / 32) + 8 * b].x * w.d * (float)s;
         }
     }

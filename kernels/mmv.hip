@@ -257,7 +257,7 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
         case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
         case MT_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
         case MT_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
-        case MT_Q6_K: MVQ_ROW(q6_k, K / 16, x2)
+        case MT_Q6_K: MVQ_ROW(q6_k, K / 32, x2)
         default: row_dot_f<RM>(m.type, row, m.x, K, lane, G, R, acc); break;
     }
 }
@@ -311,7 +311,7 @@ template <> struct GluPair<1> {
             case MT_Q5_1: MVQ_ROW2(q5_1, K / 16, x1)
             case MT_Q8_0: MVQ_ROW2(q8_0, K / 8, x1)
             case MT_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
-            case MT_Q6_K: MVQ_ROW2(q6_k, K / 16, x2)
+            case MT_Q6_K: MVQ_ROW2(q6_k, K / 32, x2)
             default: return false;
         }
     }

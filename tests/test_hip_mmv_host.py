@@ -39,7 +39,7 @@ extern "C" int mmv_row(int type, const u8* row, int K, const i8* q, const float*
         case 9: CALL(q3_k, K / 32)
         case 10: CALL(q4_k, K / 64)
         case 11: CALL(q5_k, K / 32)
-        case 12: CALL(q6_k, K / 16)
+        case 12: CALL(q6_k, K / 32)
     }
     return -1;
 }

@@ -78,9 +78,13 @@ MVQ_FLAGS = 1
 # the kernel also folds add_norm. A product whose tiles or x do not fit keeps the plain kernel.
 MVQ_STAGE_BUF = {False: 20480, True: 14336}
 MVQ_STAGE_X = {False: 6144, True: 2560}
-# Elements per unit (one lane's step, see mmv.h) of each weight type.
+# Elements per "unit" as mvq_lanes counts them: mmv.h's units (one lane's share of a step),
+# except Q4_K and Q6_K, counted at 32 and 16 elements though their units now hold 64 and 32: the
+# lane rules were measured with those counts, and the H100 A/B of the wider units keeps them
+# (mvq_sweep: gemma3 down, Q6_K, 6.48 us with 16 lanes vs 4.64 with 32; llama-8B q/k/v 15.8 vs
+# 14.6; llama-8B wo 9.8 vs 10.2; gate/up equal).
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
-            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 64, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
+            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
 
 
 def mvq_max_rows(types: list[str], work: int = 0) -> int:
