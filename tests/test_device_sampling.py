@@ -216,7 +216,8 @@ def test_hip_runner_writes_sampling_parameters(golden_dir):
              SeqBatch(np.array([9], np.int32), 4, np.array([6], np.int32))]  # fmt: skip
     assert runner.forward_sample(batch, [None, pick, DeviceSampling()]) == [None, 0, 0]
     names = [name for name, _, _ in rt.launches]
-    assert names.count("attn_decode") == runner.spec.n_layer and "sample_rows" in names
+    attention = [n for n in names if n.startswith("attn_decode")]
+    assert len(attention) == runner.spec.n_layer and "sample_rows" in names
     assert "qk_rope_store" not in names and "attn_rows" not in names
     f = {name: runner.meta.field(name) for name in SAMPLE_FIELDS}
     assert f["s_temp"][:3].view(np.float32).tolist() == [0.0, np.float32(0.7), 0.0]

@@ -16,10 +16,12 @@ from forge_hip.sources import kernel_dir, source_names
 
 # kernel -> (what it reads before FORGE_GRID_WAIT(): nothing an earlier kernel of the step
 # writes; the function whose body holds the wait)
+ATTN_DECODE_EARLY = ("the step's row metadata, norm weights and K/V cache rows of earlier "
+                     "positions (first round into registers, the rest into L2; RoPE "
+                     "coefficients)", "attn_decode_head")  # fmt: skip
 EARLY_WORK = {
-    "attn_decode": ("the step's row metadata, norm weights and K/V cache rows of earlier "
-                    "positions (first round into registers, the rest into L2; RoPE "
-                    "coefficients)", "attn_decode_head"),
+    "attn_decode": ATTN_DECODE_EARLY,
+    **{f"attn_decode_w{w}": ATTN_DECODE_EARLY for w in (64, 128, 256, 512)},
     "add_norm": ("its norm weights", "add_norm"),
     "mvq_multi_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
