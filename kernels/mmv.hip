@@ -590,7 +590,13 @@ MVQ_KERNELS(r2, 2, false, 4)
 MVQ_KERNELS(r4, 4, false, 3)
 MVQ_KERNELS(r8, 8, false, 2)
 MVQ_KERNELS(r16, 16, false, 2)
+#if defined(FORGE_AMD)
+// clang (ROCm 5.2, gfx940) leaves a 32-row unit loop rolled (acc[] in scratch): on AMD the r32
+// entry points take 17-32 rows as two passes of 16 (each reading the weights again).
+MVQ_KERNELS(r32, 16, false, 1)
+#else
 MVQ_KERNELS(r32, 32, false, 1)
+#endif
 MVQ_KERNELS(gen, 8, true, 2)  // any type, R <= 8
 
 // One-row products whose x is add_norm's h (MvqNorm), computed in each block: the decode step's
