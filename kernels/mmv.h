@@ -254,7 +254,7 @@ FORGE_DEV LdK4 ld_q4_k(const u8* row, int u) {
     return w;
 }
 template <int RM>
-FORGE_DEV void rows_q4_k(const LdK4& w, int u, const XQ& x, int R, float* acc) {
+FORGE_DEV void add_q4_k(const LdK4& w, int u, const XQ& x, int R, float* acc) {
     const int b = u >> 2, p = u & 3;
     int sca, ma, scb, mb;
     k4_sm(w.h.y, w.h.z, w.h.w, 2 * p, &sca, &ma);
@@ -321,7 +321,7 @@ FORGE_DEV LdK6 ld_q6_k(const u8* row, int u) {
     return w;
 }
 template <int RM>
-FORGE_DEV void rows_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
+FORGE_DEV void add_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
     const int b = u >> 3, h = (u >> 2) & 1, l0 = 8 * (u & 3);
     const u32 o = 0x03030303u, k = 0x20202020u;
     u32 g[4][2];  // chunks 0..3: 8 signed 6-bit values each
@@ -351,29 +351,6 @@ FORGE_DEV void rows_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
         }
     }
 }
-
-// Q4_K and Q6_K units for more than 16 rows of x run their row loop in two loops of 16: one
-// loop of 32 of these bodies passes clang's full-unroll limit (gfx940), which would leave acc[]
-// in scratch memory.
-FORGE_DEV XQ xq_from(const XQ& x, int r0) {  // rows r0.. of x
-    XQ y = x;
-    y.q += (i64)r0 * x.K;
-    y.ds += (i64)r0 * (x.K / 32);
-    return y;
-}
-#define MVQ_ROWS_IN_HALVES(T, LD)                                                        \
-    template <int RM>                                                                    \
-    FORGE_DEV void add_##T(const LD& w, int u, const XQ& x, int R, float* acc) {        \
-        constexpr int H = RM > 16 ? 16 : RM;                                             \
-        if (RM > 16) {                                                                   \
-            rows_##T<H>(w, u, x, R < 16 ? R : 16, acc);                                  \
-            if (R > 16) rows_##T<H>(w, u, xq_from(x, 16), R - 16, acc + 16);             \
-        } else {                                                                         \
-            rows_##T<H>(w, u, x, R, acc);                                                \
-        }                                                                                \
-    }
-MVQ_ROWS_IN_HALVES(q4_k, LdK4)
-MVQ_ROWS_IN_HALVES(q6_k, LdK6)
 
 // unit_T: both halves at once (the staged kernels and the host tests call these).
 #define MVQ_UNIT(T)                                                                     \
