@@ -126,11 +126,11 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
 
 def mvq_stage_threads(mats: list, g: int, glu: bool, norm: bool, need: int) -> int:
     """Block size of the staged one-row kernels for matrices `mats` (row_bytes, k) with g lanes
-    per row: the largest of 256/128/64/32 whose row groups make 16-byte aligned tiles that fit
+    per row: the largest of 256/128/64 whose row groups make 16-byte aligned tiles that fit
     MVQ_STAGE_BUF (glu: gate and up tiles together), or 0 (x too long, or no fit)."""
     if mvq_xbytes(need, 1, mats[0].k) > MVQ_STAGE_X[norm]:
         return 0
-    for threads in (256, 128, 64, 32):
+    for threads in (256, 128, 64):
         rb = threads // g
         if rb < 1:
             break
