@@ -19,6 +19,7 @@ TYPE_SUFFIX = {
 }  # fmt: skip
 
 MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* kernel suffixes
+ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
 
 KERNELS: dict[str, tuple[str, str]] = {
     **{f"matvec_{s}": ("matvec.hip", "pppii") for s in TYPE_SUFFIX.values()},
@@ -38,7 +39,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attn_decode": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii"),
     **{
         f"attn_decode_w{w}": ("attention.hip", "ppppppppppppppp" + "iiiiifffifii")
-        for w in (64, 128, 256, 512)
+        for w in ATT_DECODE_WIDTHS
     },
     "sample_rows": ("sampling.hip", "pipipppp"),
     "mv_multi": ("linear.hip", "pi"),
@@ -108,7 +109,7 @@ def register_builtin(register) -> None:  # noqa: ANN001
 def attn_decode_width(d: int, dv: int) -> int:
     """The attn_decode_w<W> kernel for heads of d (and dv) elements: the narrowest W that holds
     both (attention.hip's ATT_LAYOUT thresholds)."""
-    return next(w for w in (64, 128, 256, 512) if max(d, dv) <= w)
+    return next(w for w in ATT_DECODE_WIDTHS if max(d, dv) <= w)
 
 
 ATT_THREADS = 256  # block size of attention.hip's attn_rows / attn_decode (at most 256)
