@@ -208,14 +208,6 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     decode(8)
     tg_one_split = min(decode(128) for _ in range(2))
     runner.splits = splits
-    staged = {}  # A/B: one-row products through the staged kernels never / wherever they fit
-    stage_bytes = runner.plan.mvq_stage_bytes
-    for key, value in (("never", None), ("all", 0)):
-        runner.plan.mvq_stage_bytes = value
-        runner.graphs.clear()
-        decode(8)
-        staged[key] = round(128 / min(decode(128) for _ in range(2)), 1)
-    runner.plan.mvq_stage_bytes = stage_bytes
     runner.graphs.clear()
     decode(8)  # warm-up: captures the batch-1 graph
     tg = min(decode(128) for _ in range(2))
@@ -233,7 +225,6 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         "decode_ms_per_token": round(1e3 * tg / 128, 4),
         "decode_tg128_tok_s_no_overlap": round(128 / tg_plain, 1),
         "decode_tg128_tok_s_one_split": round(128 / tg_one_split, 1),
-        "decode_tg128_tok_s_staged_products": staged,
         "decode_bandwidth_GBs": round(nbytes * tok_s / 1e9, 1),
         "decode_floor_tok_s": round(bandwidth / nbytes, 1),
         "prefill_pp512_tok_s": round(512 / pp, 1),
@@ -283,9 +274,7 @@ def main() -> int:
               f"{m['decode_floor_tok_s']:8.0f} {m['prefill_pp512_tok_s']:12.0f} "
               f"{m['kernels_per_decode_step']}  (tg128 without overlapped launches: "
               f"{m['decode_tg128_tok_s_no_overlap']}; attention in one split: "
-              f"{m['decode_tg128_tok_s_one_split']}; staged products (default: "
-              f"plan.mvq_stage_bytes) never / wherever they fit: "
-              f"{m['decode_tg128_tok_s_staged_products']})")  # fmt: skip
+              f"{m['decode_tg128_tok_s_one_split']})")  # fmt: skip
         print("   decode step in the graph (us, whole and per group):",
               ", ".join(f"{k} {v}" for k, v in m["decode_step_us_by_group"].items()))  # fmt: skip
         top = list(m["kernel_ms"].items())[:6]

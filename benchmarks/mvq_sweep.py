@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
+from forge_hip.arena import device_rows  # noqa: E402
 from forge_hip.library import ROUND_MODE, TYPE_IDS, KernelLibrary  # noqa: E402
 from forge_hip.plan import (  # noqa: E402
     MVQ_FLAGS,
@@ -101,8 +102,9 @@ class Bench:
         table = []
         for _ in range(copies):
             for t, n, raw in zip(types, ns, raws):
-                w = self.put(raw)
-                table.append([w.ptr, x.ptr, ys[len(table) % len(ns)].ptr, 0, TYPE_IDS[t], K, n,
+                data, at = device_rows(t, raw)
+                w = self.put(data)
+                table.append([w.ptr + at, x.ptr, ys[len(table) % len(ns)].ptr, 0, TYPE_IDS[t], K, n,
                               raw.shape[1]])  # fmt: skip
         descs = self.put(np.asarray(table, np.int64))
         self.tables[descs.ptr] = np.asarray(table, np.int64)
@@ -149,7 +151,7 @@ class Bench:
                 suffix, rm = mvq_variant(types, R)
                 if cfg.get("rm"):
                     suffix, rm = f"r{cfg['rm']}", cfg["rm"]
-                g = cfg.get("G") or mvq_lanes(types, K, R)
+                g = cfg.get("G") or mvq_lanes(types, K, R, max(ns))
                 nt = cfg.get("threads", MVQ_THREADS)
                 rb = nt // g
                 items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))

@@ -164,9 +164,8 @@ FORGE_DEV void bytes4(u32 w, float off, float s, float* v) {
 }
 
 template <> FORGE_DEV void raw_load<T_Q8_0>(const u8* row, int kc, int h, Raw& r) {
-    const u8* b = row + (i64)kc * BYTES_Q8_0;
-    r.e = *(const u16*)b;
-    r.a = load16_a2(b + 2 + 16 * h);
+    r.e = *(const u16*)(row - 2 * ((i64)kc + 1));  // quants.h's deq32_q8_0 layout
+    r.a = load16_a2(row + 32 * (i64)kc + 16 * h);
 }
 template <> FORGE_DEV void raw_decode<T_Q8_0>(const Raw& r, int, int, u32* o) {
     const float d = h2f((u16)r.e);

@@ -5,7 +5,7 @@
 // neighbouring bytes. Each unit adds its share of row . x[r] to acc[r] for the R <= RM rows of x.
 //
 // Units per row (element k of a row sits in exactly one unit):
-//   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/8 (4 per block)
+//   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/16 (2 per block)
 //   Q4_K: K/64 (4 per super-block: 32 bytes of quants each)   Q5_K: K/32 (8 per super-block: 16
 //   bytes of quants each)   Q6_K: K/32 (8 per block)
 //   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)
@@ -83,9 +83,9 @@ FORGE_DEV u32 bsub(u32 v, u32 k) { return ((v | 0x80808080u) - k) ^ 0x80808080u;
 // The low 4 bits of v as bit 4 of 4 bytes (bit j -> byte j).
 FORGE_DEV u32 bit4_to_bytes(u32 v) { return ((v & 15u) * 0x00204081u & 0x01010101u) << 4; }
 
-// ---- 32-element blocks: Q4_0 Q4_1 Q5_0 Q5_1 (2 units per block), Q8_0 (4 units) ----
+// ---- 32-element blocks: Q4_0 Q4_1 Q5_0 Q5_1 (2 units per block) ----
 // Unit i of a block holds quants qs[8i .. 8i+7]: elements 8i..8i+7 (low nibbles) and
-// 16+8i..16+8i+7 (high nibbles); for Q8_0 elements 8i..8i+7.
+// 16+8i..16+8i+7 (high nibbles).
 
 // Adds d * d8 * dot + (first unit of the block) m * d8 * sum(q8) for each row of x.
 template <int RM>
@@ -179,24 +179,36 @@ FORGE_DEV void add_q5_1(const Ld32& w, int u, const XQ& x, int R, float* acc) {
                    ((w.q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), w.d, w.m, R, acc);
 }
 
-FORGE_DEV Ld32 ld_q8_0(const u8* row, int u) {
-    const u8* blk = row + (i64)(u >> 2) * BYTES_Q8_0;
-    Ld32 w;
-    w.q = ld8_a2(blk + 2 + 8 * (u & 3));
-    w.qh = 0u;
-    w.d = h2f(ld2(blk));
-    w.m = 0.0f;
+// Q8_0 (quants.h's deq32_q8_0 layout): unit u = quants 16u .. 16u+15 (half of block u/2), loaded
+// as two 8-byte words: ld_q8_0 where rows are 8-aligned (K % 128 == 0), ld_q8_0u (ld8_a2) for
+// 2-aligned ones; separate loaders keep the aligned path free of the other's registers.
+struct LdQ8 {
+    V4 q;
+    float d;
+};
+
+FORGE_DEV LdQ8 ld_q8_0(const u8* row, int u) {
+    const V2* p = (const V2*)(row + 16 * (i64)u);
+    const V2 a = p[0], b = p[1];
+    LdQ8 w;
+    w.q.x = a.x, w.q.y = a.y, w.q.z = b.x, w.q.w = b.y;
+    w.d = h2f(ld2(row - 2 * ((i64)(u >> 1) + 1)));
+    return w;
+}
+FORGE_DEV LdQ8 ld_q8_0u(const u8* row, int u) {
+    const V2 a = ld8_a2(row + 16 * (i64)u), b = ld8_a2(row + 16 * (i64)u + 8);
+    LdQ8 w;
+    w.q.x = a.x, w.q.y = a.y, w.q.z = b.x, w.q.w = b.y;
+    w.d = h2f(ld2(row - 2 * ((i64)(u >> 1) + 1)));
     return w;
 }
 template <int RM>
-FORGE_DEV void add_q8_0(const Ld32& w, int u, const XQ& x, int R, float* acc) {
-    const int b = u >> 2, i = u & 3;
+FORGE_DEV void add_q8_0(const LdQ8& w, int u, const XQ& x, int R, float* acc) {
 #pragma unroll
     for (int r = 0; r < RM; ++r) {
         if (RM == 1 || r < R) {
-            const V2 xv = *(const V2*)(x.q + (i64)r * x.K + 32 * b + 8 * i);
-            const int s = dp4a(w.q.x, xv.x, dp4a(w.q.y, xv.y, 0));
-            acc[r] += w.d * x.ds[(i64)r * (x.K / 32) + b].x * (float)s;
+            const V4 xv = *(const V4*)(x.q + (i64)r * x.K + 16 * u);
+            acc[r] += w.d * x.ds[(i64)r * (x.K / 32) + (u >> 1)].x * (float)dot16(w.q, xv);
         }
     }
 }
@@ -352,7 +364,7 @@ FORGE_DEV void add_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
     }
 }
 
-// unit_T: both halves at once (the staged kernels and the host tests call these).
+// unit_T: both halves at once (row tails and the host tests call these).
 #define MVQ_UNIT(T)                                                                     \
     template <int RM>                                                                   \
     FORGE_DEV void unit_##T(const u8* row, int u, const XQ& x, int R, float* acc) {     \
@@ -363,6 +375,11 @@ MVQ_UNIT(q4_1)
 MVQ_UNIT(q5_0)
 MVQ_UNIT(q5_1)
 MVQ_UNIT(q8_0)
+template <int RM>
+FORGE_DEV void add_q8_0u(const LdQ8& w, int u, const XQ& x, int R, float* acc) {
+    add_q8_0<RM>(w, u, x, R, acc);
+}
+MVQ_UNIT(q8_0u)
 MVQ_UNIT(q4_k)
 MVQ_UNIT(q6_k)
 

@@ -252,7 +252,9 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
         case MT_Q4_1: MVQ_ROW(q4_1, K / 16, x1)
         case MT_Q5_0: MVQ_ROW(q5_0, K / 16, x1)
         case MT_Q5_1: MVQ_ROW(q5_1, K / 16, x1)
-        case MT_Q8_0: MVQ_ROW(q8_0, K / 8, x1)
+        case MT_Q8_0:  // (multi-row kernels: the 2-aligned loader only, fewer registers)
+            if (RM == 1 && ((u64)m.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW(q8_0, K / 16, x1)
+            MVQ_ROW(q8_0u, K / 16, x1)
         case MT_Q2_K: MVQ_ROW_GEN(unit_q2_k, K / 32, x2)
         case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
         case MT_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
@@ -309,7 +311,9 @@ template <> struct GluPair<1> {
             case MT_Q4_1: MVQ_ROW2(q4_1, K / 16, x1)
             case MT_Q5_0: MVQ_ROW2(q5_0, K / 16, x1)
             case MT_Q5_1: MVQ_ROW2(q5_1, K / 16, x1)
-            case MT_Q8_0: MVQ_ROW2(q8_0, K / 8, x1)
+            case MT_Q8_0:
+                if (((u64)m.W | (u64)up.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW2(q8_0, K / 16, x1)
+                MVQ_ROW2(q8_0u, K / 16, x1)
             case MT_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
             case MT_Q6_K: MVQ_ROW2(q6_k, K / 32, x2)
             default: return false;
@@ -407,84 +411,21 @@ template <class S> FORGE_DEV void mvq_add_norm(const MvqNorm& a, int K, S& s) {
     __syncthreads();
 }
 
-// ---- staged one-row products (the *_s kernels): weight tiles through shared memory ----
-// A block copies the RB rows of its next item into shared memory (cp.async on NVIDIA sm_80+: 16
-// bytes per thread per instruction, so a block has a whole tile in flight) while it computes the
-// current one from the copy made before; its first tile is copied before the wait. The units
-// read the copy as they would read global memory. A tile (glu: the gate's rows, then the up's at
-// the next 16-byte boundary) must fit MVQ_STAGE_BUF and every item must start 16-byte aligned
-// (plan.mvq_stage_fits).
-#define MVQ_STAGE_BUF(NORM) ((NORM) ? 14336 : 20480)  // bytes per tile buffer (two per block)
-#define MVQ_STAGE_X(NORM) ((NORM) ? 2560 : 6144)  // bytes for quantized x (plan.MVQ_STAGE_X)
-
-// Copy `bytes` (even) from global src to shared dst, both 16-byte aligned; asynchronous where
-// the platform can (complete after mvq_stage_wait), the last < 16 bytes synchronously.
-FORGE_DEV void mvq_stage_copy(u8* dst, const u8* src, i64 bytes) {
-    const int n16 = (int)(bytes >> 4);
-    for (int i = threadIdx.x; i < n16; i += blockDim.x) {
-#if defined(FORGE_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        const u32 at = (u32)__cvta_generic_to_shared(dst + 16 * (i64)i);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(src + 16 * (i64)i)
-                     : "memory");
-#else
-        *(V4*)(dst + 16 * (i64)i) = *(const V4*)(src + 16 * (i64)i);
-#endif
-    }
-    for (i64 i = 16 * (i64)n16 + 2 * threadIdx.x; i < bytes; i += 2 * blockDim.x) {
-        *(u16*)(dst + i) = *(const u16*)(src + i);
-    }
-}
-
-FORGE_DEV void mvq_stage_commit() {
-#if defined(FORGE_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-FORGE_DEV void mvq_stage_wait_all_but_newest() {
-#if defined(FORGE_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-
-FORGE_DEV i64 mvq_round16(i64 v) { return (v + 15) & ~(i64)15; }
-
-// Copy item w's tile (gate then up for glu) into dst; nothing past the last item.
-FORGE_DEV void mvq_stage_item(const i64* descs, int first, int nmat, bool glu, int RB, int w,
-                              u8* dst) {
-    MvMat m;
-    int j;
-    if (!mvq_item(descs, first, nmat, RB, w, &m, &j)) return;
-    const int rows = min(RB, m.N - j * RB);
-    mvq_stage_copy(dst, m.W + (i64)j * RB * m.row_bytes, (i64)rows * m.row_bytes);
-    if (glu) {
-        const MvMat u = mv_mat(descs + (i64)(first + 1) * DESC_LEN);
-        mvq_stage_copy(dst + mvq_round16((i64)RB * m.row_bytes), u.W + (i64)j * RB * u.row_bytes,
-                       (i64)rows * u.row_bytes);
-    }
-}
-
 // count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
 // block needs before any descriptor is read: x [R, K], need, items. nm (NORM): x is not read; the
 // one row (R = 1, K <= MVQ_NORM_K) is computed from nm, and quantized in-block (xg = 0, need > 0).
-template <int RM, bool GEN, bool NORM = false, bool STAGE = false>
+template <int RM, bool GEN, bool NORM = false>
 FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
                         int K, int need, int items, const u8* xg, int flags, int act,
                         const MvqNorm* nm = nullptr) {
-    constexpr int XBYTES = STAGE ? MVQ_STAGE_X(NORM) : MvqSmem<RM>::bytes;
-    __shared__ V4 xs[XBYTES / 16];
+    __shared__ V4 xs[MvqSmem<RM>::bytes / 16];
     __shared__ MvqNormSmem<NORM> ns;
-    __shared__ V4 tiles[STAGE ? 2 * MVQ_STAGE_BUF(NORM) / 16 : 1];
     const bool glu = act >= 0;
     const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
     if ((int)blockIdx.x >= items) return;
     // Before the wait (the kernel before may still run): only descriptors and weights, which no
-    // kernel writes, are read, so the first items' weights move into L2 (staged: into shared
-    // memory) meanwhile.
-    if (STAGE) {
-        mvq_stage_item(descs, first, nmat, glu, RB, blockIdx.x, (u8*)tiles);
-        mvq_stage_commit();
-    } else if (flags & 1) {  // the first max(ahead, 1) items of this block
+    // kernel writes, are read, so the first items' weights move into L2 meanwhile.
+    if (flags & 1) {  // the first max(ahead, 1) items of this block
         for (int a = 0; a < max(ahead, 1); ++a) {
             mvq_prefetch_item(descs, first, nmat, glu, RB, blockIdx.x + a * gridDim.x);
         }
@@ -506,26 +447,13 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         __syncthreads();
     }
     const int lane = threadIdx.x % G, grp = threadIdx.x / G;
-    for (int w = blockIdx.x, it = 0; w < items; w += gridDim.x, ++it) {
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
         MvMat m;
         int j;
         mvq_item(descs, first, nmat, RB, w, &m, &j);
         const int n = j * RB + grp;
         MvMat up = mv_mat(descs + (i64)(first + (glu ? 1 : 0)) * DESC_LEN);
-        int nr = n;  // the row's index in what m.W points at (staged: the tile)
-        if (STAGE) {
-            const u8* tile = (const u8*)tiles + (it & 1) * MVQ_STAGE_BUF(NORM);
-            mvq_stage_item(descs, first, nmat, glu, RB, w + gridDim.x,
-                           (u8*)tiles + ((it + 1) & 1) * MVQ_STAGE_BUF(NORM));
-            mvq_stage_commit();
-            mvq_stage_wait_all_but_newest();
-            __syncthreads();  // every thread's part of this tile has landed
-            m.W = tile;
-            up.W = tile + mvq_round16((i64)RB * m.row_bytes);
-            nr = grp;
-        } else if (ahead) {
-            mvq_prefetch_item(descs, first, nmat, glu, RB, w + ahead * gridDim.x);
-        }
+        if (ahead) mvq_prefetch_item(descs, first, nmat, glu, RB, w + ahead * gridDim.x);
         for (int r0 = 0; r0 < R; r0 += RM) {  // rows r0 .. r0 + RM - 1 of x (R > RM: in turn)
             const int Rc = min(RM, R - r0);
             XQ c1 = x1, c2 = x2;
@@ -539,9 +467,9 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
                 mc.x += (i64)r0 * K;
                 MvMat uc = up;
                 uc.x += (i64)r0 * K;
-                if (!glu || !GluPair<RM>::run(mc, uc, nr, lane, G, c1, c2, acc, acc2)) {
-                    row_dot<RM, GEN>(mc, nr, lane, G, c1, c2, Rc, acc);
-                    if (glu) row_dot<RM, GEN>(uc, nr, lane, G, c1, c2, Rc, acc2);
+                if (!glu || !GluPair<RM>::run(mc, uc, n, lane, G, c1, c2, acc, acc2)) {
+                    row_dot<RM, GEN>(mc, n, lane, G, c1, c2, Rc, acc);
+                    if (glu) row_dot<RM, GEN>(uc, n, lane, G, c1, c2, Rc, acc2);
                 }
             }
             int row0;
@@ -560,7 +488,6 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
                 }
             }
         }
-        if (STAGE) __syncthreads();  // this tile is read before it is copied over
     }
 }
 
@@ -616,34 +543,6 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
                 int need, int items, const u8* xg, int flags, int act, MVQ_NORM_ARGS) {
     const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
     mvq_body<1, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act, &nm);
-}
-
-// Staged one-row products (weights tiled through shared memory; see mvq_stage_copy), plain and
-// with the folded add_norm.
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
-    mvq_multi_r1s(const i64* __restrict__ descs, int first, int count, int R, int G,
-                  const float* x, int K, int need, int items, const u8* xg, int flags) {
-    mvq_body<1, false, false, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1);
-}
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
-    mvq_glu_r1s(const i64* __restrict__ descs, int first, int R, int G, const float* x, int K,
-                int need, int items, const u8* xg, int flags, int act) {
-    mvq_body<1, false, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act);
-}
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
-    mvq_multi_r1ns(const i64* __restrict__ descs, int first, int count, int R, int G,
-                   const float* x, int K, int need, int items, const u8* xg, int flags,
-                   MVQ_NORM_ARGS) {
-    const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
-    mvq_body<1, false, true, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1,
-                                   &nm);
-}
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
-    mvq_glu_r1ns(const i64* __restrict__ descs, int first, int R, int G, const float* x, int K,
-                 int need, int items, const u8* xg, int flags, int act, MVQ_NORM_ARGS) {
-    const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
-    mvq_body<1, false, true, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act,
-                                   &nm);
 }
 
 // x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared

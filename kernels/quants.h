@@ -1,7 +1,7 @@
 // quants.h: decoders for GGML weight blocks. Each deq32_<type>(row, c, v) writes the 32 values of
 // chunk c (elements 32c .. 32c+31) of one row into v. Rows are sequences of GGML blocks:
 // 32 elements per block for Q4_0..Q8_0, 256 per super-block (8 chunks) for the K-quants.
-// Layouts follow GGML's block structs; all multi-byte fields are little-endian.
+// Layouts follow GGML's block structs (Q8_0: see deq32_q8_0); multi-byte fields are little-endian.
 #pragma once
 #include "forge_hip.h"
 
@@ -70,10 +70,13 @@ FORGE_DEV void deq32_q5_1(const u8* row, int c, float* v) {  // d, m, qh[4], qs[
     }
 }
 
-FORGE_DEV void deq32_q8_0(const u8* row, int c, float* v) {  // d, qs[32] (int8)
-    const u8* b = row + (i64)c * BYTES_Q8_0;
-    float d = h2f(load_u16(b));
-    const i8* qs = (const i8*)(b + 2);
+// Q8_0 as the GPU arena stores it (forge_hip.arena.q8_0_rows): a row pointer addresses the row's
+// int8 quants (qs[32c ..] for block c); the f16 block scales sit just before it, in reverse
+// order (block c's at row - 2 (c + 1)), so no decoder needs the row length to find them and the
+// quants stay as aligned as the row.
+FORGE_DEV void deq32_q8_0(const u8* row, int c, float* v) {
+    float d = h2f(load_u16(row - 2 * ((i64)c + 1)));
+    const i8* qs = (const i8*)(row + 32 * (i64)c);
 #pragma unroll
     for (int j = 0; j < 32; ++j) v[j] = d * (float)qs[j];
 }

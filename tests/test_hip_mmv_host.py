@@ -12,6 +12,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from forge_hip.arena import device_rows
 from forge_hip.library import ROUND_MODE, TYPE_IDS
 
 from tests.gpu.test_kernels_gemv import random_weights, round_acts
@@ -34,7 +35,7 @@ extern "C" int mmv_row(int type, const u8* row, int K, const i8* q, const float*
         case 4: CALL(q4_1, K / 16)
         case 5: CALL(q5_0, K / 16)
         case 6: CALL(q5_1, K / 16)
-        case 7: CALL(q8_0, K / 8)
+        case 7: if (((u64)row & 7) == 0) { CALL(q8_0, K / 16) } CALL(q8_0u, K / 16)
         case 8: CALL(q2_k, K / 32)
         case 9: CALL(q3_k, K / 32)
         case 10: CALL(q4_k, K / 64)
@@ -80,10 +81,14 @@ def test_unaligned_loads(lib):
         assert out.tobytes() == bytes(data[off : off + 8])
 
 
-@pytest.mark.parametrize("type_name", QUANT_TYPES)
-def test_units_match_numpy(lib, type_name):
+@pytest.mark.parametrize(
+    "type_name,K",
+    [(t, 256 * 3 if ROUND_MODE[t] == 2 else 32 * 13) for t in QUANT_TYPES] + [("Q8_0", 128 * 3)],
+)
+def test_units_match_numpy(lib, type_name, K):
+    """Q8_0 twice: quants 2-aligned (13 blocks per row) and 8-aligned (12), as the arena puts
+    them (forge_hip.arena.device_rows)."""
     rng = np.random.default_rng()
-    K = 256 * 3 if ROUND_MODE[type_name] == 2 else 32 * 13
     N, R = 5, 3
     raw, W = random_weights(rng, type_name, N, K)
     x = rng.standard_normal((R, K)).astype(np.float32)
@@ -92,9 +97,11 @@ def test_units_match_numpy(lib, type_name):
     q, ds = _aligned(q), _aligned(ds)
     acc = np.zeros(8, np.float32)
     out = np.empty((R, N))
+    rows, at = device_rows(type_name, raw)
     for n in range(N):
-        row = _aligned(raw[n])
-        rc = lib.mmv_row(TYPE_IDS[type_name], _ptr(row), K, _ptr(q), _ptr(ds), R, _ptr(acc))
+        row = _aligned(rows[n])
+        ptr = ctypes.c_void_p(row.ctypes.data + at)
+        rc = lib.mmv_row(TYPE_IDS[type_name], ptr, K, _ptr(q), _ptr(ds), R, _ptr(acc))
         assert rc == 0
         out[:, n] = acc[:R]
     ref = xr.astype(np.float64) @ W.T

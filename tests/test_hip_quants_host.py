@@ -1,4 +1,5 @@
-"""kernels/quants.h decodes every GGML block type exactly like the gguf package's reference.
+"""kernels/quants.h decodes every GGML block type exactly like the gguf package's reference
+(rows as the arena uploads them: forge_hip.arena.device_rows).
 
 The decoders are plain C++ under FORGE_HOST, so they are compiled here with the host compiler and
 checked on random bytes, without a GPU. The GPU kernels call these same functions.
@@ -11,6 +12,7 @@ import ctypes
 import gguf
 import numpy as np
 import pytest
+from forge_hip.arena import device_rows
 from forge_hip.library import TYPE_SUFFIX
 from gguf import GGMLQuantizationType, quants
 
@@ -44,8 +46,9 @@ def test_decoder_matches_gguf_reference(lib, type_name):
         ref = quants.dequantize(raw, qtype).reshape(rows, K).astype(np.float32)
     out = np.full((rows, K), -12345.0, np.float32)  # poisoned
     fn = getattr(lib, "dequant_" + TYPE_SUFFIX[type_name])
+    dev_rows, at = device_rows(type_name, raw)  # as the arena uploads them (Q8_0 rearranged)
     for r in range(rows):
-        row = np.ascontiguousarray(raw[r])
-        fn(ctypes.c_void_p(row.ctypes.data), K, ctypes.c_void_p(out[r].ctypes.data))
+        row = np.ascontiguousarray(dev_rows[r])
+        fn(ctypes.c_void_p(row.ctypes.data + at), K, ctypes.c_void_p(out[r].ctypes.data))
     assert np.isfinite(ref).all()
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-30)

@@ -257,54 +257,41 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     assert need["workspace"] > 0
 
 
-def test_staged_tiles_fit_or_the_plain_kernel_stays():
-    """The staged kernels take a product when RB rows (RB = threads / lanes) of every matrix
-    make 16-byte aligned tiles within mmv.hip's buffer (gate + up together), with the most
-    threads that fit; x too long for their shared memory, or no fit: 0 (the plain kernel)."""
-    from types import SimpleNamespace
+def test_long_matrices_give_each_lane_a_whole_step_of_units():
+    """Output heads (MVQ_LONG_N rows or more) with short rows take fewer lanes per row, so that
+    every lane loads a whole step of units; other matrices keep the general rule."""
+    from forge_hip.plan import MVQ_LONG_N, mvq_lanes
 
-    from forge_hip.plan import MVQ_STAGE_BUF, mvq_stage_threads
-
-    def mat(k, row_bytes):
-        return SimpleNamespace(k=k, row_bytes=row_bytes)
-
-    head = [mat(640, 680)]  # gemma3 Q8_0 head rows: 16 x 680 bytes per 256 threads
-    assert mvq_stage_threads(head, 16, False, False, 1) == 256
-    q4k = mat(4096, 2304)  # llama-8B Q4_K rows, 32 lanes each
-    assert mvq_stage_threads([q4k, q4k], 32, False, False, 2) == 256  # 8 rows: 18 KiB
-    assert mvq_stage_threads([q4k, q4k], 32, True, False, 2) == 128  # gate + up: 2 x 4 rows
-    q80 = mat(1024, 1088)  # 16 rows: 17 KiB, over the folded-norm kernels' smaller buffer
-    assert 16 * 1088 > MVQ_STAGE_BUF[True]
-    assert mvq_stage_threads([q80], 16, False, False, 1) == 256
-    assert mvq_stage_threads([q80], 16, False, True, 1) == 128
-    assert mvq_stage_threads([q4k], 32, False, True, 2) == 0  # x of 4096: past their x space
-    assert mvq_stage_threads([mat(14336, 11760)], 32, False, False, 2) == 0  # x: 17.5 KiB
-    assert mvq_stage_threads([mat(8192, 16384)], 32, False, False, 0) == 0  # F16 rows: no fit
+    assert mvq_lanes(["Q8_0"], 640, 1, 262144) == 8  # gemma3 head: 40 units, 5 per lane
+    assert mvq_lanes(["Q8_0"], 640, 1, 2048) == 16  # same rows, few of them
+    assert mvq_lanes(["Q8_0"], 640, 2, MVQ_LONG_N) == 16  # two-row steps keep 16
+    assert mvq_lanes(["Q8_0"], 1024, 1, MVQ_LONG_N) == 16  # 64 units: 4 per lane already
+    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 32  # llama-8B head: 256 units
+    assert mvq_lanes(["Q5_0", "Q5_0", "Q8_0"], 640, 1, 1024) == 16
 
 
-def test_one_row_products_take_the_staged_kernels(golden_dir):
-    """Batch-1 products go through the staged kernels (mmv.hip *_s) where their tiles fit, with
-    the block mvq_stage_threads gives; mvq_stage_bytes None keeps the plain ones; two-row steps
-    never stage."""
-    rt = FakeRuntime()
-    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
-    runner.allocate_kv(32, 16)
-    table = np.arange(3, dtype=np.int32)
-    seen = {}
-    for stage, rows in ((0, 1), (None, 1), (0, 2)):
-        runner.plan.mvq_stage_bytes = stage
-        runner.graphs.clear()
-        rt.launches.clear()
-        rt.blocks.clear()
-        batch = [SeqBatch(np.array([5 + r], np.int32), 3, table + 3 * r) for r in range(rows)]
-        runner.forward_argmax(batch)
-        mvq = [(n, b) for (n, _, _), b in zip(rt.launches, rt.blocks) if n.startswith("mvq_")]
-        seen[stage, rows] = sum(n.endswith("s") for n, _ in mvq), len(mvq)
-        if stage == 0 and rows == 1:
-            assert all(b[0] in (64, 128, 256) for n, b in mvq if n.endswith("s"))
-    staged, total = seen[0, 1]
-    assert 0 < staged <= total
-    assert seen[None, 1][0] == 0 and seen[0, 2][0] == 0
+def test_q8_0_rows_put_the_scales_before_the_row_pointer():
+    """The arena's Q8_0 rows: block c's f16 scale 2 (c + 1) bytes before the row pointer, its 32
+    quants at pointer + 32 c; decoded that way they equal gguf's dequantizer on the GGML blocks."""
+    from forge_hip.arena import device_rows
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from tests.quant_blocks import random_raw
+
+    rng = np.random.default_rng(5)
+    raw = random_raw(rng, "Q8_0", 7, 96)
+    data, at = device_rows("Q8_0", raw)
+    assert data.shape == raw.shape and at == 6
+    out = np.empty((7, 96), np.float32)
+    for c in range(3):
+        d = data[:, at - 2 * (c + 1) : at - 2 * c].copy().view(np.float16).astype(np.float32)
+        q = data[:, at + 32 * c : at + 32 * (c + 1)].view(np.int8).astype(np.float32)
+        out[:, 32 * c : 32 * (c + 1)] = d * q
+    ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(7, 96)
+    np.testing.assert_array_equal(out, ref)
+    same, off = device_rows("Q4_K", raw)
+    assert same is raw and off == 0
 
 
 def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():

@@ -28,10 +28,6 @@ EARLY_WORK = {
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_multi_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
-    "mvq_multi_r1s": ("descriptors and weights (first tile into shared memory)", "mvq_body"),
-    "mvq_glu_r1s": ("descriptors and weights (first tile into shared memory)", "mvq_body"),
-    "mvq_multi_r1ns": ("descriptors and weights (first tile into shared memory)", "mvq_body"),
-    "mvq_glu_r1ns": ("descriptors and weights (first tile into shared memory)", "mvq_body"),
 }  # fmt: skip
 
 KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?([\w#]+)\s*\([^)]*\)\s*\{")

@@ -19,6 +19,13 @@ class Dev:
         self.bufs.append(buf)
         return buf
 
+    def put_rows(self, type_name: str, raw: np.ndarray) -> int:
+        """Upload weight rows as the arena does (forge_hip.arena.device_rows); the row-0 pointer."""
+        from forge_hip.arena import device_rows
+
+        data, at = device_rows(type_name, raw)
+        return self.put(data).ptr + at
+
     def poisoned(self, nbytes: int):
         """An output buffer full of 0xFF bytes: NaN as float32, -1 as int32."""
         buf = self.rt.alloc(nbytes)

@@ -5,7 +5,6 @@ llama.cpp's, several matrices per launch, gated products, 1..32 token rows)."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -17,7 +16,6 @@ from forge_hip.plan import (
     mvq_lanes,
     mvq_max_rows,
     mvq_need,
-    mvq_stage_threads,
     mvq_variant,
     mvq_xbytes,
 )
@@ -51,7 +49,9 @@ def test_matvec(rt, lib, dev, type_name, rows_per_block):
     kernel = lib.get("matvec_" + TYPE_SUFFIX[type_name])
     warp = rt.props.warp_size
     grid = ((N + rows_per_block - 1) // rows_per_block, B)
-    rt.launch(kernel, grid, (rows_per_block * warp,), [dev.put(raw), dev.put(x), y, K, N])
+    rt.launch(
+        kernel, grid, (rows_per_block * warp,), [dev.put_rows(type_name, raw), dev.put(x), y, K, N]
+    )
     out = dev.get(y, (B, N))
     ref = x.astype(np.float64) @ W.T
     assert rel_err(out, ref) < 1e-5
@@ -68,7 +68,7 @@ def test_embed(rt, lib, dev, type_name):
         lib.get("embed_" + TYPE_SUFFIX[type_name]),
         (len(ids),),
         (128,),
-        [dev.put(raw), dev.put(ids), out, K, 0.5],
+        [dev.put_rows(type_name, raw), dev.put(ids), out, K, 0.5],
     )
     got = dev.get(out, (len(ids), K))
     np.testing.assert_allclose(got, 0.5 * W[ids], rtol=1e-6, atol=1e-30)
@@ -144,7 +144,7 @@ class MvqCase:
             raw, W = random_weights(rng, t, n, K)
             b = rng.standard_normal(n).astype(np.float32) if bias else None
             y = dev.poisoned(R * n * 4)
-            rows.append([dev.put(raw).ptr, self.xbuf.ptr, y.ptr, dev.put(b).ptr if bias else 0,
+            rows.append([dev.put_rows(t, raw), self.xbuf.ptr, y.ptr, dev.put(b).ptr if bias else 0,
                          TYPE_IDS[t], K, n, raw.shape[1]])  # fmt: skip
             self.W.append(W)
             self.b.append(b)
@@ -162,25 +162,18 @@ class MvqCase:
 
 
 def launch_mvq(
-    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None,
-    staged=False,
+    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None
 ):  # fmt: skip
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
     quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x). `rm`:
-    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks). `staged`:
-    the one-row staged kernels (weight tiles through shared memory), with the plan's block."""
+    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks)."""
     types, R, K = case.types, case.R, case.K
     suffix, rm = (f"r{rm}", rm) if rm else mvq_variant(types, R)
     need = mvq_need(types)
-    g = lanes or mvq_lanes(types, K, R)
-    threads = MVQ_THREADS
-    if staged:
-        mats = [SimpleNamespace(k=K, row_bytes=d[7]) for d in case.rows]
-        threads = mvq_stage_threads(mats, g, act is not None, False, need)
-        assert R == 1 and threads, "the staged kernels do not take this case"
-        suffix = "r1s"
-    rb = threads // g
     ns = [w.shape[0] for w in case.W]
+    g = lanes or mvq_lanes(types, K, R, max(ns))
+    threads = MVQ_THREADS
+    rb = threads // g
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
     if need and (xg or (xg is None and mvq_global_x(need, R, K, rm))):
@@ -269,11 +262,11 @@ def _act(a: np.ndarray, act: int) -> np.ndarray:
     return a / (1.0 + np.exp(-a))
 
 
-def check_gated(rt, lib, dev, types, act, R, staged=False):
+def check_gated(rt, lib, dev, types, act, R):
     """act(x W_gate^T) * (x W_up^T) of 53-row matrices (bias with GELU) against float64."""
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
-    launch_mvq(rt, lib, dev, case, act=act, grid=4, staged=staged)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4)
     ref = _act(case.ref(0), act) * case.ref(1)
     assert rel_err(case.out(0), ref) < 1e-5
 
@@ -284,40 +277,6 @@ def check_gated(rt, lib, dev, types, act, R, staged=False):
                                    ("F16", "F16"), ("Q3_K", "Q8_0")], ids="-".join)  # fmt: skip
 def test_mvq_gated(rt, lib, dev, types, act, R):
     check_gated(rt, lib, dev, types, act, R)
-
-
-# -- mmv.hip: staged one-row products (weight tiles through shared memory) ---------------------
-STAGED_TYPES = [t for t in TYPE_SUFFIX if t not in ("Q2_K", "Q3_K")]
-
-
-@pytest.mark.parametrize("n", [37, 300])
-@pytest.mark.parametrize("type_name", STAGED_TYPES)
-def test_mvq_staged_single_matrix(rt, lib, dev, type_name, n):
-    """Every type the staged kernels take, with a partial last tile (37 rows; copied in 16-byte
-    pieces and a shorter tail) and blocks looping over many tiles (double buffering)."""
-    rng = np.random.default_rng()
-    case = MvqCase(dev, rng, [type_name], 1, mvq_k([type_name]), [n], bias=True)
-    launch_mvq(rt, lib, dev, case, grid=3, staged=True)
-    assert rel_err(case.out(0), case.ref(0)) < 1e-5
-
-
-@pytest.mark.parametrize("lanes", [None, 8, 32])
-@pytest.mark.parametrize("types", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"),
-                                   ("Q8_0", "Q4_K", "F16")], ids="-".join)  # fmt: skip
-def test_mvq_staged_mixed_matrices(rt, lib, dev, types, lanes):
-    rng = np.random.default_rng()
-    case = MvqCase(dev, rng, types, 1, mvq_k(types), [37, 50, 19], bias=True)
-    launch_mvq(rt, lib, dev, case, lanes=lanes, grid=5, staged=True)
-    for j in range(len(types)):
-        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
-
-
-@pytest.mark.parametrize("act", [0, 1])
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K")],
-                         ids="-".join)  # fmt: skip
-def test_mvq_staged_gated(rt, lib, dev, types, act):
-    """Gate and up tiles side by side (the up's at the next 16-byte boundary)."""
-    check_gated(rt, lib, dev, types, act, 1, staged=True)
 
 
 # -- mmv.hip: 9..32 token rows (server decode steps) -----------------------------------------------

@@ -1,6 +1,7 @@
 """The weights arena: every weight of a model in ONE device allocation, and the memory preflight.
 
-Matrices are uploaded as their raw GGML blocks (the kernels decode them in place); vectors (norm
+Matrices are uploaded as their raw GGML blocks (the kernels decode them in place), except Q8_0,
+whose rows are rearranged (q8_0_rows) so that its quants load as aligned words; vectors (norm
 weights, biases) are widened to float32 on the host first, since the kernels read them as floats.
 Every tensor starts on a 256-byte boundary.
 """
@@ -45,6 +46,25 @@ def vector_f32(gguf: GGUFFile, name: str) -> np.ndarray:
     from gguf.quants import dequantize
 
     return dequantize(raw, GGMLQuantizationType[info.type]).astype(np.float32).reshape(-1)
+
+
+def q8_0_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """Q8_0 rows [n, 34 * blocks] as the kernels read them on the device, and the offset of the
+    first row's pointer into them: each row becomes its block scales (f16) in reverse order, then
+    its int8 quants, and a row pointer addresses the quants (kernels/quants.h deq32_q8_0: block c's
+    scale sits 2 (c + 1) bytes before the pointer). Same bytes per row, so row strides and tensor
+    sizes do not change; rows of K % 128 == 0 elements keep their quants 8-byte aligned."""
+    n, row_bytes = raw.shape
+    blocks = raw.reshape(n, row_bytes // 34, 34)
+    scales = np.ascontiguousarray(blocks[:, ::-1, :2]).reshape(n, -1)
+    out = np.concatenate([scales, blocks[:, :, 2:].reshape(n, -1)], axis=1)
+    return out, scales.shape[1]
+
+
+def device_rows(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """A matrix's bytes [n, row_bytes] as uploaded for `type_name`, and where its row 0 starts
+    in them (the pointer the kernels get is upload address + that offset)."""
+    return q8_0_rows(raw) if type_name == "Q8_0" else (raw, 0)
 
 
 @dataclass(frozen=True)
@@ -103,11 +123,13 @@ class WeightArena:
                 if is_vector(name):
                     data = vector_f32(gguf, name)
                     self.placed[name] = Placed(ptr, "F32", data.size, 1, data.size * 4)
+                    rt.copy_to_device(ptr, data)
                 else:
-                    data = gguf.raw(name)
+                    data, at = device_rows(info.type, gguf.raw(name))
                     rows = data.shape[0]
-                    self.placed[name] = Placed(ptr, info.type, info.shape[0], rows, data.shape[1])
-                rt.copy_to_device(ptr, data)
+                    self.placed[name] = Placed(ptr + at, info.type, info.shape[0], rows,
+                                               data.shape[1])  # fmt: skip
+                    rt.copy_to_device(ptr, data)
                 if progress:
                     progress(i + 1, len(offsets))
         except BaseException:

@@ -50,10 +50,6 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mvq_quant": ("mmv.hip", "ppiii"),
     "mvq_multi_r1n": ("mmv.hip", "piiiipiiipi" + "pppppf"),  # + add_norm's (mmv.hip MvqNorm)
     "mvq_glu_r1n": ("mmv.hip", "piiipiiipii" + "pppppf"),
-    "mvq_multi_r1s": ("mmv.hip", "piiiipiiipi"),  # staged (weight tiles via shared memory)
-    "mvq_glu_r1s": ("mmv.hip", "piiipiiipii"),
-    "mvq_multi_r1ns": ("mmv.hip", "piiiipiiipi" + "pppppf"),
-    "mvq_glu_r1ns": ("mmv.hip", "piiipiiipii" + "pppppf"),
     "act_half": ("gemm.hip", "ppii"),
     "gemm_m128": ("gemm.hip", "pii"),
     "gemm_m64": ("gemm.hip", "pii"),

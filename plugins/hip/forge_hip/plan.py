@@ -73,18 +73,13 @@ MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
 MVQ_FLAGS = 1
-# Staged one-row products (mmv.hip *_s: weight tiles through shared memory, the next one copied
-# while the current one is computed): mmv.hip's MVQ_STAGE_BUF and MVQ_STAGE_X, keyed by whether
-# the kernel also folds add_norm. A product whose tiles or x do not fit keeps the plain kernel.
-MVQ_STAGE_BUF = {False: 20480, True: 14336}
-MVQ_STAGE_X = {False: 6144, True: 2560}
 # Elements per "unit" as mvq_lanes counts them: mmv.h's units (one lane's share of a step),
 # except Q4_K and Q6_K, counted at 32 and 16 elements though their units now hold 64 and 32: the
 # lane rules were measured with those counts, and the H100 A/B of the wider units keeps them
 # (mvq_sweep: gemma3 down, Q6_K, 6.48 us with 16 lanes vs 4.64 with 32; llama-8B q/k/v 15.8 vs
 # 14.6; llama-8B wo 9.8 vs 10.2; gate/up equal).
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
-            "Q8_0": 8, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
+            "Q8_0": 16, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
 
 
 def mvq_max_rows(types: list[str], work: int = 0) -> int:
@@ -124,33 +119,22 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
 
 
-def mvq_stage_threads(mats: list, g: int, glu: bool, norm: bool, need: int) -> int:
-    """Block size of the staged one-row kernels for matrices `mats` (row_bytes, k) with g lanes
-    per row: the largest of 256/128/64 whose row groups make 16-byte aligned tiles that fit
-    MVQ_STAGE_BUF (glu: gate and up tiles together), or 0 (x too long, or no fit)."""
-    if mvq_xbytes(need, 1, mats[0].k) > MVQ_STAGE_X[norm]:
-        return 0
-    for threads in (256, 128, 64):
-        rb = threads // g
-        if rb < 1:
-            break
-        sizes = [rb * p.row_bytes for p in mats]
-        tile = -(-sizes[0] // 16) * 16 + sizes[1] if glu else max(sizes)
-        if all(b % 16 == 0 for b in sizes) and tile <= MVQ_STAGE_BUF[norm]:
-            return threads
-    return 0
+MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
 
 
-def mvq_lanes(types: list[str], k: int, rows: int = 1) -> int:
-    """Lanes per weight row: 32 for rows of 128 units or more, 16 down to 32 units (the gemma3
-    head, 80 Q8_0 units: 101 us with 16 lanes, 146 with 32 on an H200), then at least 2 units
-    per lane. Past MV_MAX_ROWS rows, 32 for any multiple of 32 units (twice the row groups:
-    gemma3 wo, 32 Q4_K units, 16 / 32 rows 13.8 -> 9.4 / 24.1 -> 14.4 us)."""
+def mvq_lanes(types: list[str], k: int, rows: int = 1, n: int = 0) -> int:
+    """Lanes per weight row of matrices with `n` rows: 32 for rows of 128 units or more, 16 down
+    to 32 units, then at least 2 units per lane. Past MV_MAX_ROWS rows, 32 for any multiple of
+    32 units (twice the row groups: gemma3 wo, 32 Q4_K units, 16 / 32 rows 13.8 -> 9.4 / 24.1 ->
+    14.4 us). Matrices of MVQ_LONG_N rows or more with 32-127 units keep every lane at one whole
+    step of units or more (MVQ_STEP, 4), since their rows alone fill the GPU: the gemma3 head, 40
+    Q8_0 units, 84.8 us with 16 lanes (2-3 units, all in the unit-by-unit tail) vs 60.0 with 8
+    (H200, split Q8_0 rows)."""
     units = min(k // MVQ_UNIT[t] for t in types)
     if units >= 128 or (rows > MV_MAX_ROWS and units >= 32 and units % 32 == 0):
         return 32
     if units >= 32:
-        return 16
+        return 16 if units >= 64 or n < MVQ_LONG_N or rows > 1 else 8
     g = 4
     while 2 * (2 * g) <= units:
         g *= 2
@@ -176,10 +160,6 @@ class Plan:
         self.gemm_rows: int | None = None  # token rows per gemm.hip tile (64/128); None: by size
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
-        # one-row products of at least this many weight bytes take the staged kernels where
-        # their tiles fit (None: never). Never, since the plain kernels load a whole step of
-        # units before computing any: gemma3 twin tg128 (H100) never 1,402, heads only 1,387.
-        self.mvq_stage_bytes: int | None = None
         self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self._head_norm: list | None = None  # the last add_norm, left to output()
@@ -303,19 +283,14 @@ class Plan:
         k, x = mats[0].k, self.descs[first][1]
         suffix, rm = mvq_variant(types, rows)
         need = mvq_need(types)
-        g = self.mvq_lanes or mvq_lanes(types, k, rows)
-        threads, staged = MVQ_THREADS, ""
-        if (rows == 1 and self.mvq_stage_bytes is not None and not MVQ_GEN & set(types)
-                and sum(p.n * p.row_bytes for p in mats) >= self.mvq_stage_bytes):  # fmt: skip
-            threads = mvq_stage_threads(mats, g, act is not None, norm is not None, need)
-            staged = "s" if threads else ""
-            threads = threads or MVQ_THREADS
+        g = self.mvq_lanes or mvq_lanes(types, k, rows, max(p.n for p in mats))
+        threads = MVQ_THREADS
         rb = threads // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
         xg = 0
-        if not staged and mvq_global_x(need, rows, k, rm):  # (x always fits the staged kernels)
+        if mvq_global_x(need, rows, k, rm):
             xg = ws.xq
             tasks = rows * -(-k // 256)
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
@@ -323,10 +298,10 @@ class Plan:
         tail = [x, k, need, items, xg, self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
-            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}{staged}"), (grid,), (threads,),
+            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (threads,),
                         [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
         else:
-            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}{staged}"), (grid,), (threads,),
+            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (threads,),
                         [ws.descs, first, rows, g, *tail, act, *extra])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
