@@ -187,20 +187,18 @@ struct LdQ8 {
     float d;
 };
 
-FORGE_DEV LdQ8 ld_q8_0(const u8* row, int u) {
-    const V2* p = (const V2*)(row + 16 * (i64)u);
-    const V2 a = p[0], b = p[1];
+FORGE_DEV LdQ8 q8_0_unit(V2 a, V2 b, const u8* row, int u) {  // quants a:b, then the scale
     LdQ8 w;
     w.q.x = a.x, w.q.y = a.y, w.q.z = b.x, w.q.w = b.y;
     w.d = h2f(ld2(row - 2 * ((i64)(u >> 1) + 1)));
     return w;
 }
+FORGE_DEV LdQ8 ld_q8_0(const u8* row, int u) {
+    const V2* p = (const V2*)(row + 16 * (i64)u);
+    return q8_0_unit(p[0], p[1], row, u);
+}
 FORGE_DEV LdQ8 ld_q8_0u(const u8* row, int u) {
-    const V2 a = ld8_a2(row + 16 * (i64)u), b = ld8_a2(row + 16 * (i64)u + 8);
-    LdQ8 w;
-    w.q.x = a.x, w.q.y = a.y, w.q.z = b.x, w.q.w = b.y;
-    w.d = h2f(ld2(row - 2 * ((i64)(u >> 1) + 1)));
-    return w;
+    return q8_0_unit(ld8_a2(row + 16 * (i64)u), ld8_a2(row + 16 * (i64)u + 8), row, u);
 }
 template <int RM>
 FORGE_DEV void add_q8_0(const LdQ8& w, int u, const XQ& x, int R, float* acc) {

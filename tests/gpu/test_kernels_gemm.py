@@ -98,11 +98,11 @@ def test_gemm_matches_float64(rt, lib, dev, type_name, tile_rows):
     bias = rng.standard_normal(N).astype(np.float32)
     y = dev.poisoned((R + 1) * N * 4)
     y2 = dev.poisoned((R + 1) * N2 * 4)
-    bufs = [dev.put(a) for a in (raw, xw, bias, raw2, xw2)]
     w = dev.put_rows(type_name, raw)
+    bufs = [dev.put(a) for a in (xw, bias, raw2, xw2)]
     table = _descs([
-        [w, bufs[1].ptr, y.ptr, bufs[2].ptr, TYPE_IDS[type_name], K, N, raw.shape[1]],
-        [bufs[3].ptr, bufs[4].ptr, y2.ptr, 0, TYPE_IDS["F16"], K2, N2, raw2.shape[1]],
+        [w, bufs[0].ptr, y.ptr, bufs[1].ptr, TYPE_IDS[type_name], K, N, raw.shape[1]],
+        [bufs[2].ptr, bufs[3].ptr, y2.ptr, 0, TYPE_IDS["F16"], K2, N2, raw2.shape[1]],
     ])  # fmt: skip
     descs = dev.put(np.concatenate([np.zeros((1, 8), np.int64), table]))  # starts at `first` 1
     grid = (-(-R // tile_rows), -(-N // 128), 2)

@@ -149,7 +149,6 @@ class MvqCase:
             self.W.append(W)
             self.b.append(b)
             self.y.append(y)
-        self.rows = rows
         self.descs = dev.put(np.asarray(rows, np.int64))
 
     def ref(self, j: int) -> np.ndarray:
@@ -163,7 +162,7 @@ class MvqCase:
 
 def launch_mvq(
     rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None
-):  # fmt: skip
+):
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
     quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x). `rm`:
     the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks)."""
@@ -172,8 +171,7 @@ def launch_mvq(
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W]
     g = lanes or mvq_lanes(types, K, R, max(ns))
-    threads = MVQ_THREADS
-    rb = threads // g
+    rb = MVQ_THREADS // g
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
     if need and (xg or (xg is None and mvq_global_x(need, R, K, rm))):
@@ -184,10 +182,10 @@ def launch_mvq(
     grid = min(grid or items, items)
     tail = [case.xbuf, K, need, items, xq, flags]
     if act is None:
-        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (threads,),
+        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
                   [case.descs, 0, len(types), R, g, *tail])  # fmt: skip
     else:
-        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (threads,),
+        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
                   [case.descs, 0, R, g, *tail, act])  # fmt: skip
 
 

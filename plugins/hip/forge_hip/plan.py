@@ -134,7 +134,8 @@ def mvq_lanes(types: list[str], k: int, rows: int = 1, n: int = 0) -> int:
     if units >= 128 or (rows > MV_MAX_ROWS and units >= 32 and units % 32 == 0):
         return 32
     if units >= 32:
-        return 16 if units >= 64 or n < MVQ_LONG_N or rows > 1 else 8
+        long_head = rows == 1 and n >= MVQ_LONG_N and units < 64
+        return 8 if long_head else 16
     g = 4
     while 2 * (2 * g) <= units:
         g *= 2
@@ -284,8 +285,7 @@ class Plan:
         suffix, rm = mvq_variant(types, rows)
         need = mvq_need(types)
         g = self.mvq_lanes or mvq_lanes(types, k, rows, max(p.n for p in mats))
-        threads = MVQ_THREADS
-        rb = threads // g
+        rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = self.mvq_blocks * self.lib.runtime.props.compute_units
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
@@ -298,10 +298,10 @@ class Plan:
         tail = [x, k, need, items, xg, self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
-            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (threads,),
+            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
                         [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
         else:
-            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (threads,),
+            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
                         [ws.descs, first, rows, g, *tail, act, *extra])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
