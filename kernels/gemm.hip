@@ -303,11 +303,13 @@ template <> FORGE_DEV void raw_decode<T_Q5_K>(const Raw& r, int kc, int, u32* o)
 }
 
 template <> FORGE_DEV void raw_load<T_Q6_K>(const u8* row, int kc, int h, Raw& r) {
-    const u8* b = row + (i64)(kc >> 3) * BYTES_Q6_K;
+    const i64 blk = kc >> 3;  // quants.h's deq32_q6_k layout
+    const u8* b = row + 192 * blk;
+    const u8* aux = row - 18 * (blk + 1);
     const int s = kc & 7, hs = s >> 2, j = s & 3;
     r.a = load16_a2(b + 64 * hs + 32 * (j & 1) + 16 * h);  // ql
     r.b = load16_a2(b + 128 + 32 * hs + 16 * h);           // qh
-    r.e = (u32)b[192 + 8 * hs + 2 * j + h] | ((u32)(*(const u16*)(b + 208)) << 16);
+    r.e = (u32)aux[8 * hs + 2 * j + h] | ((u32)(*(const u16*)(aux + 16)) << 16);
 }
 template <> FORGE_DEV void raw_decode<T_Q6_K>(const Raw& r, int kc, int, u32* o) {
     const int j = kc & 3;

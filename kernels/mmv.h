@@ -310,25 +310,37 @@ template <int RM> FORGE_DEV void unit_q5_k(const u8* row, int u, const XQ& x, in
     unitk_add<RM>(x, b, i, h, wa, wb, R, acc);
 }
 
-// Q6_K unit j (0..7) of a block: elements l0 .. l0+7 (l0 = 8 (j & 3)) of the four 32-element
-// chunks of half h = j >> 2, i.e. ql[64h + l0 ..] (chunk 0 low nibbles, chunk 2 high), ql[64h +
-// 32 + l0 ..] (chunks 1 and 3) and the two high bits of all four from qh[32h + l0 ..]; chunk c's
-// scale is scales[8h + l0/16 + 2c].
+// Q6_K unit j (0..7) of a block (quants.h's deq32_q6_k layout): elements l0 .. l0+7 (l0 = 8 (j &
+// 3)) of the four 32-element chunks of half h = j >> 2, i.e. ql[64h + l0 ..] (chunk 0 low nibbles,
+// chunk 2 high), ql[64h + 32 + l0 ..] (chunks 1 and 3) and the two high bits of all four from
+// qh[32h + l0 ..]; chunk c's scale is scales[8h + l0/16 + 2c]. ld_q6_k where rows are 8-aligned
+// (K % 1024 == 0: three aligned 8-byte quant loads), ld_q6_ku (ld8_a2) for 2-aligned ones.
 struct LdK6 {  // the unit's low bits (two 8-byte runs), high bits, its half's 8 scales, and d
     V2 qa, qc, qh, sc;
     float d;
 };
 
-FORGE_DEV LdK6 ld_q6_k(const u8* row, int u) {
-    const int h = (u >> 2) & 1, l0 = 8 * (u & 3);
-    const u8* blk = row + (i64)(u >> 3) * BYTES_Q6_K;
+FORGE_DEV LdK6 q6_k_unit(V2 qa, V2 qc, V2 qh, const u8* row, int u) {  // quants, then scales, d
+    const u8* aux = row - 18 * ((i64)(u >> 3) + 1);
     LdK6 w;
-    w.qa = ld8_a2(blk + 64 * h + l0);
-    w.qc = ld8_a2(blk + 64 * h + 32 + l0);
-    w.qh = ld8_a2(blk + 128 + 32 * h + l0);
-    w.sc = ld8_a2(blk + 192 + 8 * h);
-    w.d = h2f(ld2(blk + 208));
+    w.qa = qa, w.qc = qc, w.qh = qh;
+    w.sc = ld8_a2(aux + 8 * ((u >> 2) & 1));
+    w.d = h2f(ld2(aux + 16));
     return w;
+}
+// The unit's ql run (chunks 0 and 2); chunks 1 and 3 are 32 bytes on, the high bits at +qh_at().
+FORGE_DEV const u8* q6_k_ql(const u8* row, int u) {
+    return row + 192 * (i64)(u >> 3) + 64 * ((u >> 2) & 1) + 8 * (u & 3);
+}
+FORGE_DEV int q6_k_qh_at(int u) { return 128 - 32 * ((u >> 2) & 1); }
+FORGE_DEV LdK6 ld_q6_k(const u8* row, int u) {
+    const u8* q = q6_k_ql(row, u);
+    const V2* p = (const V2*)q;
+    return q6_k_unit(p[0], p[4], *(const V2*)(q + q6_k_qh_at(u)), row, u);
+}
+FORGE_DEV LdK6 ld_q6_ku(const u8* row, int u) {
+    const u8* q = q6_k_ql(row, u);
+    return q6_k_unit(ld8_a2(q), ld8_a2(q + 32), ld8_a2(q + q6_k_qh_at(u)), row, u);
 }
 template <int RM>
 FORGE_DEV void add_q6_k(const LdK6& w, int u, const XQ& x, int R, float* acc) {
@@ -380,6 +392,11 @@ FORGE_DEV void add_q8_0u(const LdQ8& w, int u, const XQ& x, int R, float* acc) {
 MVQ_UNIT(q8_0u)
 MVQ_UNIT(q4_k)
 MVQ_UNIT(q6_k)
+template <int RM>
+FORGE_DEV void add_q6_ku(const LdK6& w, int u, const XQ& x, int R, float* acc) {
+    add_q6_k<RM>(w, u, x, R, acc);
+}
+MVQ_UNIT(q6_ku)
 
 // Any quantized type through its float decoder (quants.h): unit c = elements 32c .. 32c+31.
 #define MVQ_UNIT_DEQ(T)                                                                        \

@@ -242,7 +242,9 @@ FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, 
         break;                                                                          \
     }
 
-template <int RM, bool GEN>
+// AL: one-row products take the aligned Q6_K loader where rows allow (the gated kernels pass
+// false: that path made ptxas spill in mvq_glu_r1's paired loop).
+template <int RM, bool GEN, bool AL = false>
 FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, const XQ& x2, int R,
                        float* acc) {
     const u8* row = m.W + (i64)n * m.row_bytes;
@@ -259,7 +261,9 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
         case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
         case MT_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
         case MT_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
-        case MT_Q6_K: MVQ_ROW(q6_k, K / 32, x2)
+        case MT_Q6_K:  // (as Q8_0)
+            if (AL && RM == 1 && ((u64)m.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW(q6_k, K / 32, x2)
+            MVQ_ROW(q6_ku, K / 32, x2)
         default: row_dot_f<RM>(m.type, row, m.x, K, lane, G, R, acc); break;
     }
 }
@@ -315,7 +319,6 @@ template <> struct GluPair<1> {
                 if (((u64)m.W | (u64)up.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW2(q8_0, K / 16, x1)
                 MVQ_ROW2(q8_0u, K / 16, x1)
             case MT_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
-            case MT_Q6_K: MVQ_ROW2(q6_k, K / 32, x2)
             default: return false;
         }
     }
@@ -414,13 +417,13 @@ template <class S> FORGE_DEV void mvq_add_norm(const MvqNorm& a, int K, S& s) {
 // count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
 // block needs before any descriptor is read: x [R, K], need, items. nm (NORM): x is not read; the
 // one row (R = 1, K <= MVQ_NORM_K) is computed from nm, and quantized in-block (xg = 0, need > 0).
-template <int RM, bool GEN, bool NORM = false>
+template <int RM, bool GEN, bool AL, bool NORM = false>
 FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
                         int K, int need, int items, const u8* xg, int flags, int act,
                         const MvqNorm* nm = nullptr) {
     __shared__ V4 xs[MvqSmem<RM>::bytes / 16];
     __shared__ MvqNormSmem<NORM> ns;
-    const bool glu = act >= 0;
+    const bool glu = act >= 0;  // (a template flag here made ptxas spill in mvq_glu_r16)
     const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
     if ((int)blockIdx.x >= items) return;
     // Before the wait (the kernel before may still run): only descriptors and weights, which no
@@ -468,7 +471,7 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
                 MvMat uc = up;
                 uc.x += (i64)r0 * K;
                 if (!glu || !GluPair<RM>::run(mc, uc, n, lane, G, c1, c2, acc, acc2)) {
-                    row_dot<RM, GEN>(mc, n, lane, G, c1, c2, Rc, acc);
+                    row_dot<RM, GEN, AL>(mc, n, lane, G, c1, c2, Rc, acc);
                     if (glu) row_dot<RM, GEN>(uc, n, lane, G, c1, c2, Rc, acc2);
                 }
             }
@@ -504,13 +507,15 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
                            int G, const float* x, int K, int need, int items,           \
                            const u8* xg, int flags) {                                   \
-        mvq_body<RM, GEN>(descs, first, count, R, G, x, K, need, items, xg, flags, -1); \
+        mvq_body<RM, GEN, true>(descs, first, count, R, G, x, K, need, items, xg, flags, \
+                                -1);                                                   \
     }                                                                                   \
     FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
         mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
                          const float* x, int K, int need, int items, const u8* xg,      \
                          int flags, int act) {                                          \
-        mvq_body<RM, GEN>(descs, first, 2, R, G, x, K, need, items, xg, flags, act);    \
+        mvq_body<RM, GEN, false>(descs, first, 2, R, G, x, K, need, items, xg, flags,   \
+                                 act);                                                  \
     }
 MVQ_KERNELS(r1, 1, false, 4)
 MVQ_KERNELS(r2, 2, false, 4)
@@ -536,13 +541,15 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
                   const float* x, int K, int need, int items, const u8* xg, int flags,
                   MVQ_NORM_ARGS) {
     const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
-    mvq_body<1, false, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1, &nm);
+    mvq_body<1, false, true, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1,
+                                   &nm);
 }
 FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
     mvq_glu_r1n(const i64* __restrict__ descs, int first, int R, int G, const float* x, int K,
                 int need, int items, const u8* xg, int flags, int act, MVQ_NORM_ARGS) {
     const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
-    mvq_body<1, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act, &nm);
+    mvq_body<1, false, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act,
+                                    &nm);
 }
 
 // x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared

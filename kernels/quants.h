@@ -1,7 +1,8 @@
 // quants.h: decoders for GGML weight blocks. Each deq32_<type>(row, c, v) writes the 32 values of
 // chunk c (elements 32c .. 32c+31) of one row into v. Rows are sequences of GGML blocks:
 // 32 elements per block for Q4_0..Q8_0, 256 per super-block (8 chunks) for the K-quants.
-// Layouts follow GGML's block structs (Q8_0: see deq32_q8_0); multi-byte fields are little-endian.
+// Layouts follow GGML's block structs (Q8_0, Q6_K: see their decoders); multi-byte fields are
+// little-endian.
 #pragma once
 #include "forge_hip.h"
 
@@ -165,13 +166,18 @@ FORGE_DEV void deq32_q5_k(const u8* row, int c, float* v) {  // d, dmin, scales[
     }
 }
 
-FORGE_DEV void deq32_q6_k(const u8* row, int c, float* v) {  // ql[128], qh[64], scales[16], d
-    const u8* b = row + (i64)(c >> 3) * BYTES_Q6_K;
+// Q6_K as the GPU arena stores it (forge_hip.arena.q6_k_rows): block b's quants (ql[128], then
+// qh[64]) at row + 192 b; its scales[16] (int8) and d (f16) 18 (b + 1) bytes before the row,
+// so the quants stay as aligned as the row and no decoder needs the row length.
+FORGE_DEV void deq32_q6_k(const u8* row, int c, float* v) {
+    const i64 blk = c >> 3;
+    const u8* b = row + 192 * blk;
+    const u8* aux = row - 18 * (blk + 1);
     int s = c & 7, h = s >> 2, j = s & 3;
-    float d = h2f(load_u16(b + 208));
+    float d = h2f(load_u16(aux + 16));
     const u8* ql = b + 64 * h + 32 * (j & 1);
     const u8* qh = b + 128 + 32 * h;
-    const i8* sc = (const i8*)(b + 192) + 8 * h + 2 * j;
+    const i8* sc = (const i8*)aux + 8 * h + 2 * j;
 #pragma unroll
     for (int l = 0; l < 32; ++l) {
         int q = ((ql[l] >> (4 * (j >> 1))) & 0xf) | (((qh[l] >> (2 * j)) & 3) << 4);

@@ -40,7 +40,7 @@ extern "C" int mmv_row(int type, const u8* row, int K, const i8* q, const float*
         case 9: CALL(q3_k, K / 32)
         case 10: CALL(q4_k, K / 64)
         case 11: CALL(q5_k, K / 32)
-        case 12: CALL(q6_k, K / 32)
+        case 12: if (((u64)row & 7) == 0) { CALL(q6_k, K / 32) } CALL(q6_ku, K / 32)
     }
     return -1;
 }
@@ -83,11 +83,12 @@ def test_unaligned_loads(lib):
 
 @pytest.mark.parametrize(
     "type_name,K",
-    [(t, 256 * 3 if ROUND_MODE[t] == 2 else 32 * 13) for t in QUANT_TYPES] + [("Q8_0", 128 * 3)],
+    [(t, 256 * 3 if ROUND_MODE[t] == 2 else 32 * 13) for t in QUANT_TYPES]
+    + [("Q8_0", 128 * 3), ("Q6_K", 1024 * 2)],
 )
 def test_units_match_numpy(lib, type_name, K):
-    """Q8_0 twice: quants 2-aligned (13 blocks per row) and 8-aligned (12), as the arena puts
-    them (forge_hip.arena.device_rows)."""
+    """Q8_0 and Q6_K twice: quants 2-aligned (13 and 3 blocks per row) and 8-aligned (12 and
+    8), as the arena puts them (forge_hip.arena.device_rows)."""
     rng = np.random.default_rng()
     N, R = 5, 3
     raw, W = random_weights(rng, type_name, N, K)

@@ -270,28 +270,59 @@ def test_long_matrices_give_each_lane_a_whole_step_of_units():
     assert mvq_lanes(["Q5_0", "Q5_0", "Q8_0"], 640, 1, 1024) == 16
 
 
-def test_q8_0_rows_put_the_scales_before_the_row_pointer():
-    """The arena's Q8_0 rows: block c's f16 scale 2 (c + 1) bytes before the row pointer, its 32
-    quants at pointer + 32 c; decoded that way they equal gguf's dequantizer on the GGML blocks."""
+def _arena_rows(type_name: str, n: int, k: int, seed: int):
+    """Random GGML rows of `type_name`, gguf's dequantization of them, and the arena's device
+    layout of them (forge_hip.arena.device_rows: bytes, row-0 pointer offset)."""
     from forge_hip.arena import device_rows
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     from tests.quant_blocks import random_raw
 
-    rng = np.random.default_rng(5)
-    raw = random_raw(rng, "Q8_0", 7, 96)
-    data, at = device_rows("Q8_0", raw)
-    assert data.shape == raw.shape and at == 6
+    raw = random_raw(np.random.default_rng(seed), type_name, n, k)
+    ref = dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k)
+    data, at = device_rows(type_name, raw)
+    assert data.shape == raw.shape
+    return raw, ref, data, at
+
+
+def test_q8_0_rows_put_the_scales_before_the_row_pointer():
+    """The arena's Q8_0 rows: block c's f16 scale 2 (c + 1) bytes before the row pointer, its 32
+    quants at pointer + 32 c; decoded that way they equal gguf's dequantizer on the GGML blocks."""
+    from forge_hip.arena import device_rows
+
+    raw, ref, data, at = _arena_rows("Q8_0", 7, 96, 5)
+    assert at == 6
     out = np.empty((7, 96), np.float32)
     for c in range(3):
         d = data[:, at - 2 * (c + 1) : at - 2 * c].copy().view(np.float16).astype(np.float32)
         q = data[:, at + 32 * c : at + 32 * (c + 1)].view(np.int8).astype(np.float32)
         out[:, 32 * c : 32 * (c + 1)] = d * q
-    ref = dequantize(raw, GGMLQuantizationType.Q8_0).reshape(7, 96)
     np.testing.assert_array_equal(out, ref)
     same, off = device_rows("Q4_K", raw)
     assert same is raw and off == 0
+
+
+def test_q6_k_rows_put_scales_and_d_before_the_row_pointer():
+    """The arena's Q6_K rows: block c's 192 quant bytes (ql, qh) at pointer + 192 c, its 16 int8
+    scales and f16 d 18 (c + 1) bytes before the pointer; decoded that way (GGML's formula) they
+    equal gguf's dequantizer on the GGML blocks."""
+    _, ref, data, at = _arena_rows("Q6_K", 5, 768, 6)
+    assert at == 54
+    out = np.empty((5, 768), np.float32)
+    for c in range(3):
+        aux = data[:, at - 18 * (c + 1) : at - 18 * c]
+        sc = aux[:, :16].view(np.int8).astype(np.float32)
+        d = aux[:, 16:].copy().view(np.float16).astype(np.float32)
+        q = data[:, at + 192 * c : at + 192 * (c + 1)].astype(np.int32)
+        ql, qh = q[:, :128], q[:, 128:]
+        for i in range(256):  # GGML: element i = 128 h + 32 j + e (e < 32)
+            h, j, e = i // 128, (i % 128) // 32, i % 32
+            lo = (ql[:, 64 * h + 32 * (j & 1) + e] >> (4 * (j >> 1))) & 15
+            hi = (qh[:, 32 * h + e] >> (2 * j)) & 3
+            s = sc[:, 8 * h + 2 * j + e // 16]
+            out[:, 256 * c + i] = d[:, 0] * s * ((lo | (hi << 4)) - 32)
+    np.testing.assert_array_equal(out, ref)
 
 
 def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():

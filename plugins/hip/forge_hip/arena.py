@@ -1,9 +1,9 @@
 """The weights arena: every weight of a model in ONE device allocation, and the memory preflight.
 
-Matrices are uploaded as their raw GGML blocks (the kernels decode them in place), except Q8_0,
-whose rows are rearranged (q8_0_rows) so that its quants load as aligned words; vectors (norm
-weights, biases) are widened to float32 on the host first, since the kernels read them as floats.
-Every tensor starts on a 256-byte boundary.
+Matrices are uploaded as their raw GGML blocks (the kernels decode them in place), except Q8_0
+and Q6_K, whose rows are rearranged (q8_0_rows, q6_k_rows) so that their quants load as aligned
+words; vectors (norm weights, biases) are widened to float32 on the host first, since the kernels
+read them as floats. Every tensor starts on a 256-byte boundary.
 """
 
 from __future__ import annotations
@@ -61,10 +61,28 @@ def q8_0_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
     return out, scales.shape[1]
 
 
+def q6_k_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """Q6_K rows [n, 210 * blocks] as the kernels read them on the device, and the offset of the
+    first row's pointer into them: each block's 16 int8 scales and f16 d (18 bytes) move before
+    the row, in reverse block order, and its 192 bytes of quants (ql, then qh) follow the pointer
+    (kernels/quants.h deq32_q6_k: block c's quants at pointer + 192 c, its scales 18 (c + 1) bytes
+    before the pointer, d just after them). Same bytes per row; rows of a multiple of 1024 elements
+    keep their quants 8-byte aligned (GGML's 210-byte blocks are 2-aligned)."""
+    n, row_bytes = raw.shape
+    blocks = raw.reshape(n, row_bytes // 210, 210)
+    aux = np.ascontiguousarray(blocks[:, ::-1, 192:]).reshape(n, -1)
+    out = np.concatenate([aux, blocks[:, :, :192].reshape(n, -1)], axis=1)
+    return out, aux.shape[1]
+
+
+_DEVICE_ROWS = {"Q8_0": q8_0_rows, "Q6_K": q6_k_rows}
+
+
 def device_rows(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, int]:
     """A matrix's bytes [n, row_bytes] as uploaded for `type_name`, and where its row 0 starts
     in them (the pointer the kernels get is upload address + that offset)."""
-    return q8_0_rows(raw) if type_name == "Q8_0" else (raw, 0)
+    rows = _DEVICE_ROWS.get(type_name)
+    return rows(raw) if rows else (raw, 0)
 
 
 @dataclass(frozen=True)
