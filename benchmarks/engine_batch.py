@@ -3,6 +3,11 @@ tokens/s of the scheduler with N concurrent greedy requests, without HTTP. Separ
 engine costs from what `forge serve` adds (compare with benchmarks/load_server.py).
 
     python benchmarks/engine_batch.py [--model GGUF] [--backend NAME] [--streams 1 8 32]
+        [--split-ab]
+
+--split-ab (hip): step times under AB_SETTINGS (decode products of 9+ rows on the 8-row kernels
+with x's rows split over blocks, plan.mvq_split, or not; how many rows stay on them,
+plan.mvq_max_work) and per-kernel event timings of the largest step.
 """
 
 from __future__ import annotations
@@ -42,6 +47,53 @@ def step_ms(model, n: int, context: int = 32, reps: int = 20) -> float:
             t.release()
 
 
+def step_profile(model, n: int, context: int = 32) -> dict[str, list]:
+    """{kernel: [launches, ms]} of one decode step for n sequences (event timings per launch)."""
+    tables = []
+    for _ in range(n):
+        t = BlockTable(model.allocator, model.n_ctx)
+        t.ensure(context + 2)
+        tables.append(t)
+    try:
+        ids = np.arange(1, context + 1, dtype=np.int32)
+        model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
+        batch = [SeqBatch(np.array([7], np.int32), context, t.array()) for t in tables]
+        prof = model.runner.profile_decode(batch)
+        top = sorted(prof.items(), key=lambda kv: -kv[1][1])
+        return {k: [c, round(ms, 4)] for k, (c, ms) in top}
+    finally:
+        for t in tables:
+            t.release()
+
+
+AB_SETTINGS = {  # plan attributes of the --split-ab runs
+    "one block per row group, 56M": {"mvq_split": False, "mvq_max_work": 56 << 20},
+    "x rows split over blocks, 56M": {"mvq_split": True, "mvq_max_work": 56 << 20},
+    "split, decode products up to 32 rows for 128M multiply-adds per row": {
+        "mvq_split": True, "mvq_max_work": 128 << 20},
+}  # fmt: skip
+
+
+def split_ab(model, streams: list[int]) -> dict:
+    """Step ms per stream count under each of AB_SETTINGS, and the largest step's kernels."""
+    plan, out = model.runner.plan, {}
+    defaults = {k: getattr(plan, k) for s in AB_SETTINGS.values() for k in s}
+    try:
+        for label, setting in AB_SETTINGS.items():
+            for k, v in {**defaults, **setting}.items():
+                setattr(plan, k, v)
+            model.runner.graphs.clear()
+            out[label] = {
+                "step_ms": {n: round(step_ms(model, n), 3) for n in streams},
+                "kernels": step_profile(model, max(streams)),
+            }
+    finally:
+        for k, v in defaults.items():
+            setattr(plan, k, v)
+        model.runner.graphs.clear()
+    return out
+
+
 def scheduler_tok_s(model, streams: int, max_tokens: int) -> float:
     sched = Scheduler(model, max_batch=max(streams, 1)).start()
     try:
@@ -70,8 +122,15 @@ def main() -> None:
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--n-ctx", type=int, default=8192)
+    p.add_argument("--split-ab", action="store_true")
     args = p.parse_args()
     model = forge.load(args.model, backend=args.backend, n_ctx=args.n_ctx)
+    if args.split_ab:
+        ab = split_ab(model, args.streams)
+        print(json.dumps(ab, indent=2))
+        for key, r in ab.items():
+            steps = " ".join(f"{n}: {ms:.3f}" for n, ms in r["step_ms"].items())
+            print(f"{key}: step ms {steps}")
     rows = []
     for n in args.streams:
         ms = step_ms(model, n)

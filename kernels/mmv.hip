@@ -18,10 +18,13 @@
 // Launch: block = any multiple of 32 threads (256 here); G lanes (a power of two <= 32) own one
 //   weight row, so a block covers RB = blockDim.x / G rows of one matrix per item. Items are those
 //   row groups over all matrices in turn; block b takes items b, b + gridDim.x, ...
-//   (grid <= items).
-// x: every block first quantizes the R rows of x into shared memory (mode 1 copy, then mode 2 copy
-//   when both are needed; each R*K int8 + R*K/32 {scale, sum}), unless xg is given: then mvq_quant
-//   already wrote that same layout there (when it does not fit MVQ_SMEM<RM>).
+//   (grid <= items). In the RM = 8 kernels (r8, gen), with gridDim.y > 1 (R <= 8 gridDim.y),
+//   block (b, c) takes x rows 8c .. 8c + 7 only: blocks sharing weight rows keep 8 rows'
+//   accumulators each, and all but the first to ask read those rows from L2.
+// x: every block first quantizes its rows of x into shared memory (mode 1 copy, then mode 2 copy
+//   when both are needed; each R*K int8 + R*K/32 {scale, sum} for R rows), unless xg is given:
+//   then mvq_quant already wrote that layout for all R rows there (when it does not fit
+//   MVQ_SMEM<RM>).
 // flags: bit 0 prefetches the block's first items into L2 while x is quantized; bits 1-2 give
 //   how many items ahead of the one computed are prefetched (NVIDIA only; no-ops elsewhere).
 #include "add_norm.h"
@@ -417,6 +420,8 @@ template <class S> FORGE_DEV void mvq_add_norm(const MvqNorm& a, int K, S& s) {
 // count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
 // block needs before any descriptor is read: x [R, K], need, items. nm (NORM): x is not read; the
 // one row (R = 1, K <= MVQ_NORM_K) is computed from nm, and quantized in-block (xg = 0, need > 0).
+#define MVQ_SPLIT_RM 8  // the kernels whose blocks may split x's rows (forge_hip.plan.MVQ_SPLIT_RM)
+
 template <int RM, bool GEN, bool AL, bool NORM = false>
 FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
                         int K, int need, int items, const u8* xg, int flags, int act,
@@ -425,7 +430,12 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
     __shared__ MvqNormSmem<NORM> ns;
     const bool glu = act >= 0;  // (a template flag here made ptxas spill in mvq_glu_r16)
     const int nmat = glu ? 1 : count, RB = blockDim.x / G, ahead = (flags >> 1) & 3;
-    if ((int)blockIdx.x >= items) return;
+    // blockIdx.y (MVQ_SPLIT_RM kernels, gridDim.y > 1, R <= gridDim.y RM): which RM rows of x
+    // this block takes, x rows ry ..; else all R rows, RM at a time. (Only those kernels carry
+    // the split: in the others it made ptxas spill.)
+    constexpr bool split = RM == MVQ_SPLIT_RM;
+    const int ry = split && gridDim.y > 1 ? (int)blockIdx.y * RM : 0;
+    if ((int)blockIdx.x >= items || (split && ry >= R)) return;
     // Before the wait (the kernel before may still run): only descriptors and weights, which no
     // kernel writes, are read, so the first items' weights move into L2 meanwhile.
     if (flags & 1) {  // the first max(ahead, 1) items of this block
@@ -437,10 +447,20 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
     FORGE_GRID_WAIT();
     const int rs = R * K + R * K / 4;
     u8* base = xg ? (u8*)xg : (u8*)xs;
-    const int off2 = (need & 1) ? rs : 0;
+    int off2 = (need & 1) ? rs : 0;
     XQ x1, x2;
     x1.q = (const i8*)base, x1.ds = (const F2*)(base + R * K), x1.K = K;
     x2.q = (const i8*)(base + off2), x2.ds = (const F2*)(base + off2 + R * K), x2.K = K;
+    if (split && gridDim.y > 1) {  // this block's rows: ry .. ry + Rb - 1
+        // the copies hold Rl rows: all R in xg (mvq_quant's layout), else the Rb quantized here
+        const int Rb = min(RM, R - ry), Rl = xg ? R : Rb, r1 = xg ? ry : 0;
+        off2 = (need & 1) ? Rl * K + Rl * K / 4 : 0;
+        x1.q = (const i8*)base + (i64)r1 * K, x1.ds = (const F2*)(base + Rl * K) + r1 * (K / 32);
+        x2.q = (const i8*)(base + off2) + (i64)r1 * K;
+        x2.ds = (const F2*)(base + off2 + Rl * K) + r1 * (K / 32);
+        x += (i64)ry * K;
+        R = Rb;
+    }
     if (NORM) {
         mvq_add_norm(*nm, K, ns);
         x = ns.h;
@@ -457,7 +477,7 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
         const int n = j * RB + grp;
         MvMat up = mv_mat(descs + (i64)(first + (glu ? 1 : 0)) * DESC_LEN);
         if (ahead) mvq_prefetch_item(descs, first, nmat, glu, RB, w + ahead * gridDim.x);
-        for (int r0 = 0; r0 < R; r0 += RM) {  // rows r0 .. r0 + RM - 1 of x (R > RM: in turn)
+        for (int r0 = 0; r0 < R; r0 += RM) {  // rows ry + r0 .. + RM - 1 (R > RM: in turn)
             const int Rc = min(RM, R - r0);
             XQ c1 = x1, c2 = x2;
             c1.q += (i64)r0 * K, c1.ds += (i64)r0 * (K / 32);
@@ -467,9 +487,9 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
             for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
             if (n < m.N) {
                 MvMat mc = m;
-                mc.x += (i64)r0 * K;
+                mc.x += (i64)(ry + r0) * K;
                 MvMat uc = up;
-                uc.x += (i64)r0 * K;
+                uc.x += (i64)(ry + r0) * K;
                 if (!glu || !GluPair<RM>::run(mc, uc, n, lane, G, c1, c2, acc, acc2)) {
                     row_dot<RM, GEN, AL>(mc, n, lane, G, c1, c2, Rc, acc);
                     if (glu) row_dot<RM, GEN>(uc, n, lane, G, c1, c2, Rc, acc2);
@@ -486,7 +506,7 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
                     if (i < held && r < Rc) {
                         float a = acc[i] + (m.bias ? m.bias[n] : 0.0f);
                         if (glu) a = mvq_act(a, act) * (acc2[i] + (up.bias ? up.bias[n] : 0.0f));
-                        m.y[(i64)(r0 + r) * m.N + n] = a;
+                        m.y[(i64)(ry + r0 + r) * m.N + n] = a;
                     }
                 }
             }

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from forge_hip.library import ROUND_MODE, TYPE_IDS, TYPE_SUFFIX
 from forge_hip.plan import (
+    MVQ_SPLIT_RM,
     MVQ_THREADS,
     mvq_global_x,
     mvq_lanes,
@@ -161,31 +162,43 @@ class MvqCase:
 
 
 def launch_mvq(
-    rt, lib, dev, case: MvqCase, act=None, lanes=None, grid=None, xg=None, flags=3, rm=None
+    rt,
+    lib,
+    dev,
+    case: MvqCase,
+    act=None,
+    lanes=None,
+    grid=None,
+    xg=None,
+    flags=3,
+    rm=None,
+    chunks=1,
 ):
     """Run mvq_multi (act None) or mvq_glu over the case's matrices as forge_hip.plan does; x is
     quantized by mvq_quant first when `xg`, or (None) when the plan would (mvq_global_x). `rm`:
-    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks)."""
+    the kernel's rows per pass instead of the plan's (fewer than R: rows in chunks). `chunks`:
+    blocks per row group, each taking rm rows of x (the grid's y)."""
     types, R, K = case.types, case.R, case.K
     suffix, rm = (f"r{rm}", rm) if rm else mvq_variant(types, R)
+    block_rows = min(R, rm) if chunks > 1 else R
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W]
-    g = lanes or mvq_lanes(types, K, R, max(ns))
+    g = lanes or mvq_lanes(types, K, block_rows, max(ns))
     rb = MVQ_THREADS // g
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
-    if need and (xg or (xg is None and mvq_global_x(need, R, K, rm))):
+    if need and (xg or (xg is None and mvq_global_x(need, block_rows, K, rm))):
         xq = dev.poisoned(mvq_xbytes(need, R, K))
         tasks = R * -(-K // 256)
         rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
                   [case.xbuf, xq, K, R, need])  # fmt: skip
-    grid = min(grid or items, items)
+    grid = (min(grid or items, items), chunks)
     tail = [case.xbuf, K, need, items, xq, flags]
     if act is None:
-        rt.launch(lib.get(f"mvq_multi_{suffix}"), (grid,), (MVQ_THREADS,),
+        rt.launch(lib.get(f"mvq_multi_{suffix}"), grid, (MVQ_THREADS,),
                   [case.descs, 0, len(types), R, g, *tail])  # fmt: skip
     else:
-        rt.launch(lib.get(f"mvq_glu_{suffix}"), (grid,), (MVQ_THREADS,),
+        rt.launch(lib.get(f"mvq_glu_{suffix}"), grid, (MVQ_THREADS,),
                   [case.descs, 0, R, g, *tail, act])  # fmt: skip
 
 
@@ -304,6 +317,33 @@ def test_mvq_row_chunks_and_lanes(rt, lib, dev, types, lanes, R, rm):
         assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
 
 
+@pytest.mark.parametrize("xg", [True, False])
+@pytest.mark.parametrize("R", [32, 23, 9])
+@pytest.mark.parametrize("types", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q6_K", "Q5_K"),
+                                   ("Q2_K", "F16", "Q4_1")], ids="-".join)  # fmt: skip
+def test_mvq_blocks_share_row_groups(rt, lib, dev, types, R, xg):
+    """Rows of x split over the blocks of each row group (grid y = ceil(R / 8) blocks of the
+    8-row kernels, r8 or gen, each with 8 rows; the last one partial), x quantized per block or
+    once into global memory, with fewer blocks than row groups (blocks loop)."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, types, R, mvq_k(types), [37, 50, 19], bias=True)
+    gen = "Q2_K" in types  # the generic kernel (mvq_variant's choice) has 8 rows too
+    launch_mvq(rt, lib, dev, case, grid=3, xg=xg, flags=1, rm=None if gen else MVQ_SPLIT_RM,
+               chunks=-(-R // MVQ_SPLIT_RM))  # fmt: skip
+    for j in range(len(types)):
+        assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
+
+
+@pytest.mark.parametrize("R", [13, 32])
+@pytest.mark.parametrize("act", [0, 1])
+def test_mvq_gated_blocks_share_row_groups(rt, lib, dev, act, R):
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, ("Q4_K", "Q4_K"), R, mvq_k(["Q4_K"]), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4, rm=MVQ_SPLIT_RM, chunks=-(-R // MVQ_SPLIT_RM))
+    ref = _act(case.ref(0), act) * case.ref(1)
+    assert rel_err(case.out(0), ref) < 1e-5
+
+
 @pytest.mark.parametrize("R", [13, 32])
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("types", [("Q5_0", "Q5_0"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")],
@@ -332,7 +372,8 @@ def test_mvq_max_rows_by_type():
     path; every other type runs decode products up to 32 rows, fewer for large matrices."""
     assert mvq_max_rows(["Q5_0", "Q8_0"]) == 32
     assert mvq_max_rows(["Q5_0", "Q5_0", "Q8_0"], 1536 * 640) == 32  # gemma3 qkv
-    assert 16 <= mvq_max_rows(["Q5_0", "Q5_0"], 2 * 2048 * 640) < 32  # gemma3 gate/up
+    assert mvq_max_rows(["Q5_0", "Q5_0"], 2 * 2048 * 640) == 32  # gemma3 gate/up
+    assert mvq_max_rows(["Q5_0", "Q5_0"], 2 * 2048 * 640, 56 << 20) == 22  # a lower limit
     assert mvq_max_rows(["Q8_0"], 262144 * 640) == 8  # gemma3 head
     assert mvq_max_rows(["Q4_K", "Q4_K", "Q6_K"], 6144 * 4096) == 8  # llama-3-8b qkv
     assert mvq_max_rows(["Q4_K", "Q6_K", "Q5_K", "Q4_0", "Q4_1", "Q5_1"]) == 32
@@ -343,10 +384,12 @@ def test_mvq_max_rows_by_type():
     assert mvq_variant(["Q5_0"], 32) == ("r32", 32)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
-def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name):
-    """A decode step of 23 sequences (every product on mmv.hip's r32 kernels, rounding on as in
-    serving) gives each sequence the logits of its own one-row step."""
+def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, split):
+    """A decode step of 23 sequences (every product on mmv.hip's r32 kernels, or on r8 kernels
+    with x's rows split over blocks: plan.mvq_split; rounding on as in serving) gives each
+    sequence the logits of its own one-row step."""
     from forge_hip.runner import HipRunner
 
     from forge.backend import SeqBatch
@@ -360,6 +403,7 @@ def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name):
     runner.allocate_kv(n + 1, 16)
     try:
         plan = runner.plan
+        plan.mvq_split = split
         groups = [(layer[key], c) for layer in plan.layers
                   for key, c in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1))]  # fmt: skip
         assert all(plan._mv_rows(first, c) >= n for first, c in groups + [(plan.out_h, 1)])

@@ -64,8 +64,11 @@ MVQ_MAX_ROWS = 32
 # ... and past MV_MAX_ROWS only while rows x (multiply-adds per row of x) stays under this: the
 # int8 dot products cost about linearly in rows, gemm.hip's tiles hardly (H200, gemma3 twin, us
 # mvq / gemm: head 262144x640 at 16 rows 532 / 253; gate_up 2x2048x640 at 16 rows 19 / 26, at 32
-# rows 35 / 26; down 640x2048 at 32 rows 37 / 64; qkv 1536x640 at 32 rows 21 / 21).
-MVQ_MAX_WORK = 56 << 20
+# rows 35 / 26; down 640x2048 at 32 rows 37 / 64; qkv 1536x640 at 32 rows 21 / 21). Those were
+# the r16/r32 kernels; with x's rows split over r8 blocks (MVQ_SPLIT) the gemma3 twin's gate/up
+# at 32 rows is cheaper on them too (whole decode step 2.85 -> 2.79 ms with 128M instead of 56M:
+# its gemm, act_half and geglu launches 1.21 ms -> mvq_glu_r8 0.86 ms in event timings).
+MVQ_MAX_WORK = 128 << 20
 # mmv.hip's kernel rows (RM): a product takes the smallest that holds its rows.
 MVQ_RM = (1, 2, 4, 8, 16, 32)
 MVQ_NORM_K = 1024  # mmv.hip's MVQ_NORM_K: longest row the *_r1n kernels norm themselves
@@ -82,12 +85,12 @@ MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "
             "Q8_0": 16, "Q2_K": 32, "Q3_K": 32, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16}  # fmt: skip
 
 
-def mvq_max_rows(types: list[str], work: int = 0) -> int:
+def mvq_max_rows(types: list[str], work: int = 0, max_work: int = MVQ_MAX_WORK) -> int:
     """Most rows the plan gives the mvq kernels for matrices of `types` sharing x, `work` their
     multiply-adds per row of x (the sum of N x K); more rows take the gemm path."""
     if MVQ_GEN & set(types) or any(ROUND_MODE[t] not in (1, 2) for t in types):
         return MV_MAX_ROWS
-    return max(MV_MAX_ROWS, min(MVQ_MAX_ROWS, MVQ_MAX_WORK // max(work, 1)))
+    return max(MV_MAX_ROWS, min(MVQ_MAX_ROWS, max_work // max(work, 1)))
 
 
 def mvq_variant(types: list[str], rows: int) -> tuple[str, int]:
@@ -117,6 +120,14 @@ def mvq_global_x(need: int, rows: int, k: int, rm: int) -> bool:
     if rows > MV_MAX_ROWS:  # H200 gemma3 twin, 16-32 rows: in-block 5-45% faster where it fits
         return bool(need) and mvq_xbytes(need, rows, k) > MVQ_SMEM[rm]
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or tasks > MVQ_QUANT_TASKS)
+
+
+# mmv.hip's MVQ_SPLIT_RM: its kernels of this many rows can split x's rows over blocks (gridDim.y).
+MVQ_SPLIT_RM = 8
+# Whether decode products of more rows than that split them so (Plan.mvq_split). H200, gemma3
+# twin, decode step at 16 / 32 rows: 2.16 -> 1.56 / 2.86 -> 2.39 ms (r16/r32 kernels with one
+# block per row group -> r8 kernels with 2 / 4); the step's mvq_multi launches 2.04 -> 1.58 ms.
+MVQ_SPLIT = True
 
 
 MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
@@ -162,6 +173,9 @@ class Plan:
         self.mvq_lanes: int | None = None  # lanes per row of decode products; None: mvq_lanes()
         self.mvq_blocks = 4  # decode products: at most this many blocks per compute unit
         self.mvq_flags = MVQ_FLAGS  # mmv.hip's L2 prefetch flags
+        # decode products of more than MVQ_SPLIT_RM rows: blocks of MVQ_SPLIT_RM rows of x each
+        self.mvq_split = MVQ_SPLIT
+        self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self._head_norm: list | None = None  # the last add_norm, left to output()
         w = arena.placed
@@ -246,7 +260,7 @@ class Plan:
         if not self.round_prefill:
             return MV_MAX_ROWS
         mats = [p for p, _ in self.mats[first : first + count]]
-        return mvq_max_rows([p.type for p in mats], sum(p.n * p.k for p in mats))
+        return mvq_max_rows([p.type for p in mats], sum(p.n * p.k for p in mats), self.mvq_max_work)
 
     def norm_fusable(self, first: int, count: int, rows: int) -> bool:
         """Whether the product of descriptors first .. first + count - 1 over `rows` rows can take
@@ -283,14 +297,19 @@ class Plan:
         types = [p.type for p in mats]
         k, x = mats[0].k, self.descs[first][1]
         suffix, rm = mvq_variant(types, rows)
+        c = 1  # blocks per row group, each taking rm rows of x (mmv.hip's gridDim.y)
+        if self.mvq_split and rows > MVQ_SPLIT_RM:
+            suffix, rm = mvq_variant(types, MVQ_SPLIT_RM)
+            c = -(-rows // rm)
+        block_rows = min(rows, rm) if c > 1 else rows
         need = mvq_need(types)
-        g = self.mvq_lanes or mvq_lanes(types, k, rows, max(p.n for p in mats))
+        g = self.mvq_lanes or mvq_lanes(types, k, block_rows, max(p.n for p in mats))
         rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
-        most = self.mvq_blocks * self.lib.runtime.props.compute_units
+        most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
         grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
         xg = 0
-        if mvq_global_x(need, rows, k, rm):
+        if mvq_global_x(need, block_rows, k, rm):
             xg = ws.xq
             tasks = rows * -(-k // 256)
             self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
@@ -298,10 +317,10 @@ class Plan:
         tail = [x, k, need, items, xg, self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
-            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+            self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid, c), (MVQ_THREADS,),
                         [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
         else:
-            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid,), (MVQ_THREADS,),
+            self.launch(self.lib.get(f"mvq_glu_{suffix}{fused}"), (grid, c), (MVQ_THREADS,),
                         [ws.descs, first, rows, g, *tail, act, *extra])  # fmt: skip
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
