@@ -116,8 +116,10 @@ FORGE_DEV u32 pack_h2(float lo, float hi) {
 FORGE_DEV float magic_f(u32 b) { return bits_to_float(0x4B000000u | b); }
 #define MAGIC 8388608.0f
 
-// 16 bytes from a 2-byte aligned address: aligned words, realigned by a funnel shift.
+// 16 bytes from a 2-byte aligned address: aligned words, realigned by a funnel shift; one load
+// where p is 16-aligned (the arena's Q8_0 / Q6_K rows of K % 256 / K % 2048 == 0 elements).
 FORGE_DEV uint4 load16_a2(const u8* p) {
+    if (((u64)p & 15u) == 0) return *(const uint4*)p;
     const u32* w = (const u32*)((u64)p & ~(u64)3);
     const u32 sh = ((u32)(u64)p & 2u) * 8u;
     const u32 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = sh ? w[4] : 0u;
