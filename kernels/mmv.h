@@ -385,18 +385,18 @@ MVQ_UNIT(q4_1)
 MVQ_UNIT(q5_0)
 MVQ_UNIT(q5_1)
 MVQ_UNIT(q8_0)
-template <int RM>
-FORGE_DEV void add_q8_0u(const LdQ8& w, int u, const XQ& x, int R, float* acc) {
-    add_q8_0<RM>(w, u, x, R, acc);
-}
-MVQ_UNIT(q8_0u)
 MVQ_UNIT(q4_k)
 MVQ_UNIT(q6_k)
-template <int RM>
-FORGE_DEV void add_q6_ku(const LdK6& w, int u, const XQ& x, int R, float* acc) {
-    add_q6_k<RM>(w, u, x, R, acc);
-}
-MVQ_UNIT(q6_ku)
+// T: type B's units through B's 2-aligned loader ld_T (same arithmetic, add_B).
+#define MVQ_UNIT_U(T, B)                                                                \
+    template <int RM>                                                                   \
+    FORGE_DEV void add_##T(const decltype(ld_##B(nullptr, 0))& w, int u, const XQ& x,   \
+                           int R, float* acc) {                                         \
+        add_##B<RM>(w, u, x, R, acc);                                                   \
+    }                                                                                   \
+    MVQ_UNIT(T)
+MVQ_UNIT_U(q8_0u, q8_0)
+MVQ_UNIT_U(q6_ku, q6_k)
 
 // Any quantized type through its float decoder (quants.h): unit c = elements 32c .. 32c+31.
 #define MVQ_UNIT_DEQ(T)                                                                        \
