@@ -18,6 +18,57 @@ struct alignas(8) V2 { u32 x, y; };
 struct alignas(16) F4 { float x, y, z, w; };
 struct alignas(8) F2 { float x, y; };
 
+// ---- descriptors (linear.hip's layout), shared by mmv.hip and mmq.hip ----
+#define DESC_LEN 8
+
+// Type ids of the descriptors (FORGE_WEIGHT_TYPES order; forge_hip.library.TYPE_IDS).
+enum { MT_F32, MT_F16, MT_BF16, MT_Q4_0, MT_Q4_1, MT_Q5_0, MT_Q5_1, MT_Q8_0, MT_Q2_K, MT_Q3_K,
+       MT_Q4_K, MT_Q5_K, MT_Q6_K };
+
+struct MvMat {
+    const u8* W;
+    const float* x;
+    float* y;
+    const float* bias;
+    int type, K, N;
+    i64 row_bytes;
+};
+
+FORGE_DEV MvMat mv_mat(const i64* d) {
+    MvMat m;
+    m.W = (const u8*)d[0];
+    m.x = (const float*)d[1];
+    m.y = (float*)d[2];
+    m.bias = (const float*)d[3];
+    m.type = (int)d[4];
+    m.K = (int)d[5];
+    m.N = (int)d[6];
+    m.row_bytes = d[7];
+    return m;
+}
+
+// Item w: matrix m (among nmat from `first`) and its row group j; false past the last item.
+FORGE_DEV bool mvq_item(const i64* descs, int first, int nmat, int RB, int w, MvMat* m, int* j) {
+    for (int c = 0; c < nmat; ++c) {
+        *m = mv_mat(descs + (i64)(first + c) * DESC_LEN);
+        const int items = (m->N + RB - 1) / RB;
+        if (w < items) {
+            *j = w;
+            return true;
+        }
+        w -= items;
+    }
+    return false;
+}
+
+#if !defined(FORGE_HOST)
+// The gated products' activation: 0 SiLU, 1 GELU-tanh.
+FORGE_DEV float mvq_act(float a, int act) {
+    return act == 1 ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                    : a / (1.0f + expf(-a));
+}
+#endif
+
 // Quantized activations: row r of x is q[r * K ...], the {scale, sum of q} of its 32-blocks
 // ds[r * K/32 ...].
 struct XQ {

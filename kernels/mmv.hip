@@ -30,38 +30,10 @@
 #include "add_norm.h"
 #include "mmv.h"
 
-#define DESC_LEN 8
-
-// Type ids of the descriptors (FORGE_WEIGHT_TYPES order; forge_hip.library.TYPE_IDS).
-enum { MT_F32, MT_F16, MT_BF16, MT_Q4_0, MT_Q4_1, MT_Q5_0, MT_Q5_1, MT_Q8_0, MT_Q2_K, MT_Q3_K,
-       MT_Q4_K, MT_Q5_K, MT_Q6_K };
-
 // Shared bytes for quantized x (forge_hip.plan.MVQ_SMEM mirrors it).
 template <int RM> struct MvqSmem {
     enum { bytes = RM == 1 ? 20480 : 40960 };
 };
-
-struct MvMat {
-    const u8* W;
-    const float* x;
-    float* y;
-    const float* bias;
-    int type, K, N;
-    i64 row_bytes;
-};
-
-FORGE_DEV MvMat mv_mat(const i64* d) {
-    MvMat m;
-    m.W = (const u8*)d[0];
-    m.x = (const float*)d[1];
-    m.y = (float*)d[2];
-    m.bias = (const float*)d[3];
-    m.type = (int)d[4];
-    m.K = (int)d[5];
-    m.N = (int)d[6];
-    m.row_bytes = d[7];
-    return m;
-}
 
 // Quantize 8 values (dst 8-aligned) as rint(v * inv), clamped to 127 when `clamp`; returns their
 // sum.
@@ -163,20 +135,6 @@ FORGE_DEV void mvq_prefetch(const u8* p, i64 bytes) {
     (void)p;
     (void)bytes;
 #endif
-}
-
-// Item w: matrix m (among nmat from `first`) and its row group j; false past the last item.
-FORGE_DEV bool mvq_item(const i64* descs, int first, int nmat, int RB, int w, MvMat* m, int* j) {
-    for (int c = 0; c < nmat; ++c) {
-        *m = mv_mat(descs + (i64)(first + c) * DESC_LEN);
-        const int items = (m->N + RB - 1) / RB;
-        if (w < items) {
-            *j = w;
-            return true;
-        }
-        w -= items;
-    }
-    return false;
 }
 
 FORGE_DEV void mvq_prefetch_item(const i64* descs, int first, int nmat, bool glu, int RB, int w) {
@@ -353,11 +311,6 @@ template <int RM> FORGE_DEV bool group_sum_rows(float* v, int lane, int G, int* 
     for (; s >= 1; s >>= 1) v[0] += shfl_xor(v[0], s);
     *row0 = base;
     return (lane & (G > RM ? G / RM - 1 : 0)) == 0;
-}
-
-FORGE_DEV float mvq_act(float a, int act) {
-    return act == 1 ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
-                    : a / (1.0f + expf(-a));
 }
 
 #define MVQ_NORM_K 1024  // longest row whose add_norm a one-row product takes over (plan.MVQ_NORM_K)

@@ -4,6 +4,7 @@ one host->device copy per step), chunking, the preflight message and cleanup aft
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -80,7 +81,9 @@ class FakeRuntime:
 
     def function(self, module, name, signature):
         src = module.decode()  # macro-made kernels (embed_q4_k) show their suffix only
-        assert f" {name}(" in src or f"({name.split('_', 1)[-1]}," in src, name
+        pasted = re.findall(r"(\w+)##\w+\(", src)  # or a name pasted together (mmq_glu_m##MT)
+        assert (f" {name}(" in src or f"({name.split('_', 1)[-1]}," in src
+                or any(name.startswith(p) for p in pasted)), name  # fmt: skip
         return Kernel(None, name, signature)
 
     def launch(self, kernel, grid, block, args, shared=0, stream=None, overlap=False):
@@ -332,3 +335,54 @@ def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():
     assert qk_rope_blocks(32, 8, 128, 32) == 10 + 8  # llama-8B: 40 Q/K heads over 4 warps
     assert qk_rope_blocks(4, 1, 128, 32) == 2 + 1  # gemma3: 5 heads, the second block one warp
     assert qk_rope_blocks(4, 1, 128, 64) == 3 + 1  # wave64: two warps per block
+
+
+def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
+    from forge_hip.plan import mmq_items, mmq_ks
+
+    assert mmq_ks(640, ["Q8_0"], [262144], 132) == 1  # the head fills the GPU by its rows
+    assert mmq_ks(4096, ["Q4_K"], [14336], 132) == 4  # 448 row groups of 32 rows: 2 per CU
+    assert mmq_items([14336], 4) == 448 and mmq_items([14336], 2) == 224
+    assert mmq_ks(640, ["Q5_0", "Q5_0", "Q8_0"], [1024, 256, 256], 132) == 8  # never 264 groups
+    assert mmq_ks(256, ["Q4_K", "Q6_K"], [100, 100], 132) == 2  # Q6_K: 2 chunks of 128
+
+
+@pytest.mark.parametrize("rows", [12, 32])
+def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
+    """9-32 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
+    one mmq launch (m1 up to 16 rows, m2 above) with its row groups and warp split as the plan
+    computes them; attention splits stop at two blocks per compute unit. plan.mmq off: the mvq
+    kernels."""
+    from forge_hip.plan import MMQ_WARPS, mmq_items
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(2048, 16)
+    spec, plan = runner.spec, runner.plan
+    batch = [SeqBatch(np.array([5], np.int32), 3, np.array([r], np.int32)) for r in range(rows)]
+    for mmq in (True, False):
+        plan.mmq = mmq
+        runner.graphs.clear()
+        rt.launches.clear()
+        rt.launch_args.clear()
+        runner.forward_argmax(batch)
+        names = [n for n, _, _ in rt.launches]
+        products = [n for n in names if n.startswith(("mmq_", "mvq_multi", "mvq_glu", "gemm"))]
+        assert len(products) == 4 * spec.n_layer + 1  # qkv, wo, gate/up, down; the head
+        if not mmq:
+            assert not any(n.startswith("mmq_") for n in products), products
+            continue
+        mt = 1 if rows <= 16 else 2
+        assert set(products) == {f"mmq_multi_m{mt}", f"mmq_glu_m{mt}"}, set(products)
+        before = [names[names.index(p, i) - 1] for i, p in enumerate(names) if p in products]
+        assert names.count("mvq_quant") == len(products) and set(before) == {"mvq_quant"}
+        for name, args in rt.launch_args:
+            if name.startswith("mmq_multi"):
+                first, count, r, items, ks = args[1], args[2], args[3], args[7], args[8]
+                ns = [int(plan.descs[first + j][6]) for j in range(count)]
+                assert r == rows and ks in (1, 2, 4, 8) and items == mmq_items(ns, ks)
+        grids = [g for n, g, _ in rt.launches if n.startswith("attn_decode")]
+        want = min(runner.splits, -(-2 * rt.props.compute_units // (rows * spec.n_head)))
+        assert grids and all(g == (spec.n_head, rows, max(1, want)) for g in grids), grids
+        assert MMQ_WARPS == 8
+    runner.close()

@@ -388,8 +388,8 @@ def test_mvq_max_rows_by_type():
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
 def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, split):
     """A decode step of 23 sequences (every product on mmv.hip's r32 kernels, or on r8 kernels
-    with x's rows split over blocks: plan.mvq_split; rounding on as in serving) gives each
-    sequence the logits of its own one-row step."""
+    with x's rows split over blocks: plan.mvq_split; rounding on as in serving; mmq.hip off,
+    test_kernels_mmq covers it) gives each sequence the logits of its own one-row step."""
     from forge_hip.runner import HipRunner
 
     from forge.backend import SeqBatch
@@ -404,6 +404,7 @@ def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, sp
     try:
         plan = runner.plan
         plan.mvq_split = split
+        plan.mmq = False
         groups = [(layer[key], c) for layer in plan.layers
                   for key, c in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1))]  # fmt: skip
         assert all(plan._mv_rows(first, c) >= n for first, c in groups + [(plan.out_h, 1)])

@@ -130,6 +130,44 @@ MVQ_SPLIT_RM = 8
 MVQ_SPLIT = True
 
 
+# mmq.hip: decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on int8 tensor cores, for these
+# types (the others stay on mmv.hip / gemm.hip). H200, gemma3 twin, 32-row step: the mvq r8 kernels'
+# dp4a work grows with every row (products 2.3 of 3.8 ms in event timings, session 8).
+MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+MMQ_MIN_ROWS = 9
+MMQ_MAX_ROWS = 32
+MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
+MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
+
+
+def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int) -> int:
+    """Warps of an mmq block that split one row group's chunks (the rest take other row groups):
+    the fewest that give two blocks per compute unit, at most one per chunk of the shortest-chunked
+    type. Fewer warps per row group read x less often; more fill the GPU when N is small."""
+    chunks = min(k // MMQ_CHUNK.get(t, 32) for t in types)
+    best = 1
+    for ks in (1, 2, 4, 8):
+        if ks > max(chunks, 1):
+            break
+        best = ks
+        if mmq_items(ns, ks) >= 2 * compute_units:
+            break
+    return best
+
+
+def mmq_items(ns: list[int], ks: int) -> int:
+    """Row groups of an mmq launch over matrices of ns rows: 16 rows per warp, MMQ_WARPS / ks
+    warps' worth per group."""
+    rows = 16 * (MMQ_WARPS // ks)
+    return sum(-(-n // rows) for n in ns)
+
+
+# Decode steps of several rows: attention splits over the KV length only as far as it takes to give
+# every compute unit this many (row, head, split) blocks. Rows and heads fill the GPU by themselves,
+# and a split past the context's length still costs a block start: H200, gemma3 twin, 32 rows at
+# 130 positions, up to 16 splits (2,048 blocks, 1,792 of them idle): attention 446 us per step.
+ATT_FILL = 2
+
 MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
 
 
@@ -177,6 +215,8 @@ class Plan:
         self.mvq_split = MVQ_SPLIT
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
+        self.mmq = True  # decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
+        self.att_fill = ATT_FILL  # many-row decode attention: splits for this many blocks per CU
         self._head_norm: list | None = None  # the last add_norm, left to output()
         w = arena.placed
         embd = w["token_embd.weight"]
@@ -242,7 +282,9 @@ class Plan:
         by the product's kernel itself."""
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
-            if rows <= self._mv_rows(first, count):
+            if self._mmq_fits(first, count, rows):
+                self._mmq(first, count, rows)
+            elif rows <= self._mv_rows(first, count):
                 self._matvec(first, count, rows, norm=norm)
             else:
                 self._gemm(first, count, rows)
@@ -261,6 +303,35 @@ class Plan:
             return MV_MAX_ROWS
         mats = [p for p, _ in self.mats[first : first + count]]
         return mvq_max_rows([p.type for p in mats], sum(p.n * p.k for p in mats), self.mvq_max_work)
+
+    def _mmq_fits(self, first: int, count: int, rows: int) -> bool:
+        """Whether descriptors first .. first + count - 1 over `rows` rows run on mmq.hip."""
+        mats = self.mats[first : first + count]
+        ours = all(impl == BUILTIN_MATMUL and p.type in MMQ_TYPES for p, impl in mats)
+        return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
+
+    def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
+        """Products of 9..32 rows on int8 tensor cores (mmq.hip): x quantized once by mvq_quant,
+        as the decode products round it, then one launch over the matrices (or the gated pair)."""
+        mats = [p for p, _ in self.mats[first : first + count]]
+        types = [p.type for p in mats]
+        k, x, xg = mats[0].k, self.descs[first][1], self.ws.xq
+        need = mvq_need(types)
+        tasks = rows * -(-k // 256)
+        self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+                    [x, xg, k, rows, need])  # fmt: skip
+        ns = [p.n for p in (mats[:1] if act is not None else mats)]
+        cus = self.lib.runtime.props.compute_units
+        ks = mmq_ks(k, types, ns, cus)
+        items = mmq_items(ns, ks)
+        grid = -(-items // -(-items // (2 * cus)))  # two resident blocks per compute unit
+        mt = 1 if rows <= 16 else 2
+        if act is None:
+            self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
+                        [self.ws.descs, first, count, rows, xg, k, need, items, ks])  # fmt: skip
+        else:
+            self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
+                        [self.ws.descs, first, rows, xg, k, need, items, ks, act])  # fmt: skip
 
     def norm_fusable(self, first: int, count: int, rows: int) -> bool:
         """Whether the product of descriptors first .. first + count - 1 over `rows` rows can take
@@ -360,6 +431,9 @@ class Plan:
         s, ws = self.spec, self.ws
         act = 1 if s.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
+        if fused and self._mmq_fits(first, 2, rows):
+            self._mmq(first, 2, rows, act)
+            return
         if fused and rows <= self._mv_rows(first, 2):
             self._matvec(first, 2, rows, act, norm)
             return
@@ -404,6 +478,9 @@ class Plan:
         s, ws, op, L = self.spec, self.ws, self.op, self.launch
         e = s.n_embd
         splits = max(1, min(splits, PART_ROWS // rows))
+        if decode and rows > 1 and self.att_fill:
+            cus = self.lib.runtime.props.compute_units
+            splits = min(splits, max(1, -(-self.att_fill * cus // (rows * s.n_head))))
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count):

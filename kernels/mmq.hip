@@ -1,0 +1,489 @@
+// mmq.hip: decode products of 9..32 token rows on int8 tensor cores. y = x W^T + bias for the
+// matrices of linear.hip's descriptors (mmv.hip's contract), with x already quantized by mmv.hip's
+// mvq_quant into xg (its layout and llama.cpp's roundings: a copy in blocks of 32 when need bit 0,
+// then one in blocks of 256 when bit 1). Types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
+// (forge_hip.plan.MMQ_TYPES); the others stay on mmv.hip / gemm.hip.
+//
+// The mvq kernels do 4 multiply-adds per dp4a for every x row; here a warp's mma m16n8k16 does 2048
+// at once. A warp owns 16 weight rows (two n8 tiles) and every x row (MT m16 tiles) over a slice of
+// each row's chunks: the ks warps of a row group take chunks kw, kw + ks, ... and add their partial
+// sums in shared memory at the end. Per 32-element block of a weight row, the lanes of a quad
+// expand its quants to int8 in registers, two mmas (16 elements each) give int32 block sums for
+// every (x row, weight row), and the block's scales are applied to them in float32 as mmv.h's units
+// apply them. Lane t of a quad holds the block's elements 8t..8t+7 (CONTIG: Q8_0, Q4_K, Q5_K) or
+// 4t..4t+3 and 16+4t..16+4t+3 (SPLIT: Q4_0..Q5_1, Q6_K, whose scales cover 16 elements) and reads
+// x at the same positions: a dot product does not depend on the order of its terms.
+// Elsewhere than NVIDIA (or with MMQ_EMULATE defined) the same fragments are multiplied with warp
+// shuffles and dp4a, so one body serves both.
+//
+// mmq_multi_m<MT>(descs, first, count, R, xg, K, need, items, ks): descriptors first .. first +
+//   count - 1, which share x [R, K], R <= 16 MT. items: row groups of 16 * (8 / ks) rows over the
+//   matrices in turn (mmv.h mvq_item); block b takes items b, b + gridDim.x, ... block = 256
+//   threads; ks in {1, 2, 4, 8}.
+// mmq_glu_m<MT>(descs, first, R, xg, K, need, items, ks, act): y_gate = act(x Wg^T + bg) *
+//   (x Wu^T + bu) for descriptors first (gate) and first + 1 (up); act 0 SiLU, 1 GELU-tanh.
+#include "mmv.h"
+
+#ifndef MMQ_MASK  // (experiments) bit T keeps type T's path: one type's registers under -Xptxas -v
+#define MMQ_MASK 0xffff
+#endif
+#define MMQ_WARPS 8  // 32-lane warps per block (also on wavefront-64 hardware: halves of a wave)
+
+FORGE_DEV u32 shfl32(u32 v, int src) {  // v of lane src of this 32-lane warp
+#if defined(FORGE_AMD)
+    return (u32)__shfl((int)v, src, 32);
+#else
+    return __shfl_sync(0xffffffffu, v, src, 32);
+#endif
+}
+FORGE_DEV float shfl32f(float v, int src) { return bits_to_float(shfl32(float_to_bits(v), src)); }
+
+// c (int32: rows g, cols 2t, 2t+1; rows g + 8, the same cols) += A B over 16 k, lane (g, t) =
+// (lane / 4, lane % 4) holding A's rows g (a0) and g + 8 (a1) at k 4t .. 4t+3 and B's column g at
+// the same k (b): PTX's m16n8k16 int8 fragments.
+FORGE_DEV void mmq_mma(int* c, u32 a0, u32 a1, u32 b) {
+#if defined(FORGE_NV) && !defined(MMQ_EMULATE)
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+#else
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const u32 xa = shfl32(a0, 4 * g + q), xb = shfl32(a1, 4 * g + q);
+        const u32 w0 = shfl32(b, 8 * t + q), w1 = shfl32(b, 8 * t + 4 + q);
+        c[0] = dp4a(xa, w0, c[0]);
+        c[1] = dp4a(xa, w1, c[1]);
+        c[2] = dp4a(xb, w0, c[2]);
+        c[3] = dp4a(xb, w1, c[3]);
+    }
+#endif
+}
+
+// A weight block's share of one quad lane for both n tiles: the int8 words of mma 0 (lo) and
+// mma 1 (hi); per output column 2t + c of tile j the float scale wd, the factor wm of x's block
+// sum (types with mins), and for Q6_K the integer scales of the two 16-element halves.
+struct MmqW {
+    u32 lo[2], hi[2];
+    float wd[2][2], wm[2][2];
+    int sl[2][2], sh[2][2];
+};
+
+// Adds block s of x times the weights in w to acc[i][j][e] (m tile i, n tile j, mma C element e).
+// xo[2i], xo[2i + 1]: offsets of x rows 16i + g and 16i + g + 8 (rows past R repeat row R - 1).
+template <int MT, bool CONTIG, bool MINS, bool HALVES>
+FORGE_DEV void mmq_block(const XQ& x, const int* xo, int s, const MmqW& w, float (*acc)[2][4]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const i8* pa = x.q + xo[2 * i] + 32 * s;
+        const i8* pb = x.q + xo[2 * i + 1] + 32 * s;
+        u32 al, ah, bl, bh;  // rows g (a) and g + 8 (b): words of mma 0 (l) and mma 1 (h)
+        if (CONTIG) {
+            const V2 va = *(const V2*)(pa + 8 * t), vb = *(const V2*)(pb + 8 * t);
+            al = va.x, ah = va.y, bl = vb.x, bh = vb.y;
+        } else {
+            al = *(const u32*)(pa + 4 * t), ah = *(const u32*)(pa + 16 + 4 * t);
+            bl = *(const u32*)(pb + 4 * t), bh = *(const u32*)(pb + 16 + 4 * t);
+        }
+        const F2 fa = x.ds[(xo[2 * i] >> 5) + s], fb = x.ds[(xo[2 * i + 1] >> 5) + s];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            int c[4] = {0, 0, 0, 0};
+            if (HALVES) {
+                int d[4] = {0, 0, 0, 0};
+                mmq_mma(c, al, bl, w.lo[j]);
+                mmq_mma(d, ah, bh, w.hi[j]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[e] = w.sl[j][e & 1] * c[e] + w.sh[j][e & 1] * d[e];
+            } else {
+                mmq_mma(c, al, bl, w.lo[j]);
+                mmq_mma(c, ah, bh, w.hi[j]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const F2 f = e < 2 ? fa : fb;
+                const float v = w.wd[j][e & 1] * (float)c[e];
+                acc[i][j][e] += f.x * (MINS ? v + w.wm[j][e & 1] * f.y : v);
+            }
+        }
+    }
+}
+
+// This lane's weight rows n0 + 8j + g of the two n tiles (clamped to the matrix). The scales of its
+// output columns 2t, 2t + 1 come from the lanes holding those rows (mmq_col_scales).
+struct MmqRows {
+    const u8* r[2];
+};
+
+// The float scale of column c of tile j, from the lane whose row it is (lane 8t + 4c).
+FORGE_DEV void mmq_col_scales(const float* own, float (*out)[2]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        out[j][0] = shfl32f(own[j], 8 * t);
+        out[j][1] = shfl32f(own[j], 8 * t + 4);
+    }
+}
+
+// ---- 32-element blocks (chunk = one block): raw bytes first, expanded just before the mmas ----
+// Q8_0 (quants.h's deq32_q8_0 layout): elements 8t..8t+7 are quants 8t..8t+7 (a: 8t..8t+3, b: the
+// rest). Q4_0 Q4_1 Q5_0 Q5_1: quant byte 4t + i holds element 4t + i (low nibble) and 16 + 4t + i
+// (high); a: those 4 bytes, b: Q5's 32 fifth bits (element e: bit e). dm: f16 d, and m above it.
+struct MmqRaw32 {
+    u32 a[2], b[2], dm[2];
+};
+
+template <int T> struct Mmq32 {
+    enum {
+        bytes = T == MT_Q4_0 ? BYTES_Q4_0 : T == MT_Q4_1 ? BYTES_Q4_1 : T == MT_Q5_0 ? BYTES_Q5_0
+                : BYTES_Q5_1,
+        qs = T == MT_Q4_0 ? 2 : T == MT_Q4_1 ? 4 : T == MT_Q5_0 ? 6 : 8,  // quants' offset
+        mins = T == MT_Q4_1 || T == MT_Q5_1,
+        q5 = T == MT_Q5_0 || T == MT_Q5_1,
+    };
+};
+
+// AL: Q8_0 rows 8-aligned.
+template <int T, bool AL> FORGE_DEV MmqRaw32 mmq_raw32(const MmqRows& p, int s) {
+    const int t = threadIdx.x & 3;
+    MmqRaw32 r;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (T == MT_Q8_0) {
+            const u8* q = p.r[j] + 32 * (i64)s + 8 * t;
+            const V2 v = AL ? *(const V2*)q : ld8_a2(q);
+            r.a[j] = v.x, r.b[j] = v.y;
+            r.dm[j] = ld2(p.r[j] - 2 * ((i64)s + 1));
+        } else {
+            const u8* blk = p.r[j] + (i64)s * Mmq32<T>::bytes;
+            r.a[j] = ld4_a2(blk + Mmq32<T>::qs + 4 * t);
+            r.b[j] = Mmq32<T>::q5 ? ld4_a2(blk + (T == MT_Q5_0 ? 2 : 4)) : 0u;
+            r.dm[j] = Mmq32<T>::mins ? *(const u32*)blk : ld2(blk);  // (Q4_1/Q5_1 blocks: 4-aligned)
+        }
+    }
+    return r;
+}
+
+template <int T> FORGE_DEV MmqW mmq_expand32(const MmqRaw32& r) {
+    const int t = threadIdx.x & 3;
+    MmqW w;
+    float d[2], m[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (T == MT_Q8_0) {
+            w.lo[j] = r.a[j], w.hi[j] = r.b[j];
+        } else {
+            u32 lo = r.a[j] & M4, hi = (r.a[j] >> 4) & M4;
+            if (Mmq32<T>::q5) {
+                lo |= bit4_to_bytes(r.b[j] >> (4 * t));
+                hi |= bit4_to_bytes(r.b[j] >> (16 + 4 * t));
+            }
+            if (T == MT_Q4_0) lo = bsub(lo, 0x08080808u), hi = bsub(hi, 0x08080808u);
+            if (T == MT_Q5_0) lo = bsub(lo, 0x10101010u), hi = bsub(hi, 0x10101010u);
+            w.lo[j] = lo, w.hi[j] = hi;
+        }
+        d[j] = h2f((u16)(r.dm[j] & 0xffff));
+        m[j] = h2f((u16)(r.dm[j] >> 16));
+    }
+    mmq_col_scales(d, w.wd);
+    if (T != MT_Q8_0 && Mmq32<T>::mins) mmq_col_scales(m, w.wm);
+    return w;
+}
+
+// ---- K-quants: raw loads first, each sub-block's fragments expanded just before its mmas ----
+// Q4_K / Q5_K chunk u = sub-blocks 2q, 2q + 1 of super-block b (q = u & 3): quant bytes 32q + 8t
+// .. + 7 hold elements 8t..8t+7 of sub-block 2q (low nibbles) and 2q + 1 (high); Q5_K's fifth
+// bits are bits 2q / 2q + 1 of qh bytes 8t..8t+7. Scales from each column's super-block header.
+struct MmqK45 {
+    V2 q[2], qh[2];
+    V4 h[2];  // this lane's rows' super-block headers
+};
+
+template <int T> FORGE_DEV MmqK45 mmq_k45_load(const MmqRows& p, int u) {
+    const int t = threadIdx.x & 3, q = u & 3;
+    const i64 at = (i64)(u >> 2) * (T == MT_Q4_K ? BYTES_Q4_K : BYTES_Q5_K);
+    MmqK45 r;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const u8* blk = p.r[j] + at;
+        r.q[j] = *(const V2*)(blk + (T == MT_Q4_K ? 16 : 48) + 32 * q + 8 * t);
+        r.qh[j] = T == MT_Q5_K ? *(const V2*)(blk + 16 + 8 * t) : r.q[j];
+        r.h[j] = *(const V4*)blk;
+    }
+    return r;
+}
+
+// Sub-block 2q + k of the chunk loaded in r.
+template <int T> FORGE_DEV MmqW mmq_k45_sub(const MmqK45& r, int u, int k) {
+    const int sb = 2 * (u & 3) + k;
+    MmqW w;
+    float d[2], m[2];  // this lane's rows' scale and min factor
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        w.lo[j] = (r.q[j].x >> (4 * k)) & M4, w.hi[j] = (r.q[j].y >> (4 * k)) & M4;
+        if (T == MT_Q5_K) {
+            const u32 o = 0x01010101u;
+            w.lo[j] |= ((r.qh[j].x >> sb) & o) << 4, w.hi[j] |= ((r.qh[j].y >> sb) & o) << 4;
+        }
+        const V4 h = r.h[j];
+        int sc, mi;
+        k4_sm(h.y, h.z, h.w, sb, &sc, &mi);
+        d[j] = h2f((u16)(h.x & 0xffff)) * (float)sc;
+        m[j] = -h2f((u16)(h.x >> 16)) * (float)mi;
+    }
+    mmq_col_scales(d, w.wd);
+    mmq_col_scales(m, w.wm);
+    return w;
+}
+
+// Q6_K chunk u = half h = u & 1 of block b = u >> 1 (quants.h's deq32_q6_k layout): its four
+// 32-element runs c (sub-blocks 8b + 4h + c), element l of run c from ql[64h + 32 (c & 1) + l]
+// (low nibble for c < 2, else high) and bits 2c, 2c + 1 of qh[32h + l]; lane t takes l = 4t.. (mma
+// 0, scale 8h + 2c) and 16 + 4t.. (mma 1, scale 8h + 2c + 1).
+struct MmqQ6 {
+    u32 a0[2], a1[2], c0[2], c1[2], h0[2], h1[2];
+    V2 sc[2];  // the half's 8 scales of this lane's rows
+    float d[2];
+};
+
+FORGE_DEV MmqQ6 mmq_q6_k_load(const MmqRows& p, int u) {
+    const int t = threadIdx.x & 3, b = u >> 1, h = u & 1;
+    MmqQ6 r;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const u8* ql = p.r[j] + 192 * (i64)b + 64 * h + 4 * t;
+        const u8* qh = p.r[j] + 192 * (i64)b + 128 + 32 * h + 4 * t;
+        r.a0[j] = ld4_a2(ql), r.a1[j] = ld4_a2(ql + 16);
+        r.c0[j] = ld4_a2(ql + 32), r.c1[j] = ld4_a2(ql + 48);
+        r.h0[j] = ld4_a2(qh), r.h1[j] = ld4_a2(qh + 16);
+        const u8* aux = p.r[j] - 18 * ((i64)b + 1);
+        r.sc[j] = ld8_a2(aux + 8 * h);
+        r.d[j] = h2f(ld2(aux + 16));
+    }
+    return r;
+}
+
+FORGE_DEV MmqW mmq_q6_k_run(const MmqQ6& r, int c) {
+    const u32 o = 0x03030303u, k = 0x20202020u;
+    MmqW w;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const u32 l0 = (c & 1) ? r.c0[j] : r.a0[j], l1 = (c & 1) ? r.c1[j] : r.a1[j];
+        const int sh = 4 * (c >> 1);
+        w.lo[j] = bsub(((l0 >> sh) & M4) | (((r.h0[j] >> (2 * c)) & o) << 4), k);
+        w.hi[j] = bsub(((l1 >> sh) & M4) | (((r.h1[j] >> (2 * c)) & o) << 4), k);
+        const u32 word = (c < 2 ? r.sc[j].x : r.sc[j].y) >> (16 * (c & 1));
+        const int t = threadIdx.x & 3;  // the scales of columns 2t, 2t + 1: lanes 8t, 8t + 4
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const u32 sw = shfl32(word, 8 * t + 4 * e);
+            w.sl[j][e] = (int)(i8)(sw & 255);
+            w.sh[j][e] = (int)(i8)((sw >> 8) & 255);
+        }
+    }
+    mmq_col_scales(r.d, w.wd);
+    return w;
+}
+
+// This warp's chunks kw, kw + ks, ... of the 16 rows in p, added to acc (x: the copy the type
+// reads). The raw bytes of MMQ_AHEAD32 (K-quants: MMQ_AHEAD) chunks are loaded before any is
+// multiplied, so their loads overlap (one chunk's 8 or 16 bytes per lane leave the memory system
+// idle: the output head ran at 1.25 TB/s).
+#ifndef MMQ_AHEAD32
+#define MMQ_AHEAD32 2
+#endif
+#ifndef MMQ_AHEAD
+#define MMQ_AHEAD 1
+#endif
+template <int MT, int T, bool AL = false>
+FORGE_DEV void mmq_loop32(const MmqRows& p, int units, int kw, int ks, const XQ& x,
+                          const int* xo, float (*acc)[2][4]) {
+    constexpr bool contig = T == MT_Q8_0, mins = T != MT_Q8_0 && Mmq32<T>::mins;
+    constexpr int S = MMQ_AHEAD32;
+    if (!((MMQ_MASK >> T) & 1)) return;
+    int s = kw;
+    for (; s + (S - 1) * ks < units; s += S * ks) {
+        MmqRaw32 r[S];
+#pragma unroll
+        for (int i = 0; i < S; ++i) r[i] = mmq_raw32<T, AL>(p, s + i * ks);
+#pragma unroll
+        for (int i = 0; i < S; ++i)
+            mmq_block<MT, contig, mins, false>(x, xo, s + i * ks, mmq_expand32<T>(r[i]), acc);
+    }
+    for (; s < units; s += ks)
+        mmq_block<MT, contig, mins, false>(x, xo, s, mmq_expand32<T>(mmq_raw32<T, AL>(p, s)), acc);
+}
+
+template <int MT, int T>
+FORGE_DEV void mmq_loop_k45(const MmqRows& p, int units, int kw, int ks, const XQ& x,
+                            const int* xo, float (*acc)[2][4]) {
+    constexpr int S = MMQ_AHEAD;
+    if (!((MMQ_MASK >> T) & 1)) return;
+    int u = kw;
+    for (; u + (S - 1) * ks < units; u += S * ks) {
+        MmqK45 r[S];
+#pragma unroll
+        for (int i = 0; i < S; ++i) r[i] = mmq_k45_load<T>(p, u + i * ks);
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+            const int v = u + i * ks;
+            mmq_block<MT, true, true, false>(x, xo, 2 * v, mmq_k45_sub<T>(r[i], v, 0), acc);
+            mmq_block<MT, true, true, false>(x, xo, 2 * v + 1, mmq_k45_sub<T>(r[i], v, 1), acc);
+        }
+    }
+    for (; u < units; u += ks) {
+        const MmqK45 r = mmq_k45_load<T>(p, u);
+        mmq_block<MT, true, true, false>(x, xo, 2 * u, mmq_k45_sub<T>(r, u, 0), acc);
+        mmq_block<MT, true, true, false>(x, xo, 2 * u + 1, mmq_k45_sub<T>(r, u, 1), acc);
+    }
+}
+
+template <int MT>
+FORGE_DEV void mmq_loop_q6_k(const MmqRows& p, int units, int kw, int ks, const XQ& x,
+                             const int* xo, float (*acc)[2][4]) {
+    constexpr int S = MMQ_AHEAD;
+    if (!((MMQ_MASK >> MT_Q6_K) & 1)) return;
+    int u = kw;
+    for (; u + (S - 1) * ks < units; u += S * ks) {
+        MmqQ6 r[S];
+#pragma unroll
+        for (int i = 0; i < S; ++i) r[i] = mmq_q6_k_load(p, u + i * ks);
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                mmq_block<MT, false, false, true>(x, xo, 4 * (u + i * ks) + c, mmq_q6_k_run(r[i], c),
+                                                  acc);
+        }
+    }
+    for (; u < units; u += ks) {
+        const MmqQ6 r = mmq_q6_k_load(p, u);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            mmq_block<MT, false, false, true>(x, xo, 4 * u + c, mmq_q6_k_run(r, c), acc);
+    }
+}
+
+// Rows n0 .. n0 + 15 of m times every x row, over this warp's chunks, added to acc.
+template <int MT>
+FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, const XQ& x2,
+                        const int* xo, float (*acc)[2][4]) {
+    const int g = (threadIdx.x & 31) >> 2, K = m.K;
+    MmqRows p;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) p.r[j] = m.W + (i64)min(n0 + 8 * j + g, m.N - 1) * m.row_bytes;
+    switch (m.type) {
+        case MT_Q4_0: mmq_loop32<MT, MT_Q4_0>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case MT_Q4_1: mmq_loop32<MT, MT_Q4_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case MT_Q5_0: mmq_loop32<MT, MT_Q5_0>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case MT_Q5_1: mmq_loop32<MT, MT_Q5_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case MT_Q8_0:
+            if (((u64)m.W | (u64)m.row_bytes) % 8 == 0) {
+                mmq_loop32<MT, MT_Q8_0, true>(p, K / 32, kw, ks, x1, xo, acc);
+            } else {
+                mmq_loop32<MT, MT_Q8_0, false>(p, K / 32, kw, ks, x1, xo, acc);
+            }
+            break;
+        case MT_Q4_K: mmq_loop_k45<MT, MT_Q4_K>(p, K / 64, kw, ks, x2, xo, acc); break;
+        case MT_Q5_K: mmq_loop_k45<MT, MT_Q5_K>(p, K / 64, kw, ks, x2, xo, acc); break;
+        case MT_Q6_K: mmq_loop_q6_k<MT>(p, K / 128, kw, ks, x2, xo, acc); break;
+        default:  // not an mmq type (forge_hip.plan.MMQ_TYPES): a visible NaN, never a silent 0
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][j][e] = bits_to_float(0x7fc00000u);
+            break;
+    }
+}
+
+template <int MT, bool GLU>
+FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, const u8* xg, int K,
+                        int need, int items, int ks, int act) {
+    constexpr int NM = GLU ? 2 : 1, V = NM * MT * 8;  // accumulators per lane
+    __shared__ float red[MMQ_WARPS - 1][V][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int groups = MMQ_WARPS / ks, rw = warp / ks, kw = warp % ks, RG = 16 * groups;
+    const int rs = R * K + R * K / 4, off2 = (need & 1) ? rs : 0;
+    XQ x1, x2;
+    x1.q = (const i8*)xg, x1.ds = (const F2*)(xg + R * K), x1.K = K;
+    x2.q = (const i8*)(xg + off2), x2.ds = (const F2*)(xg + off2 + R * K), x2.K = K;
+    int xo[2 * MT];
+#pragma unroll
+    for (int i = 0; i < 2 * MT; ++i) xo[i] = min(16 * (i >> 1) + g + 8 * (i & 1), R - 1) * K;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+        MvMat m;
+        int j0;
+        mvq_item(descs, first, GLU ? 1 : count, RG, w, &m, &j0);
+        const int n0 = j0 * RG + 16 * rw;
+        float acc[NM][MT][2][4];
+#pragma unroll
+        for (int a = 0; a < NM; ++a)
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[a][i][j][e] = 0.0f;
+        const MvMat up = mv_mat(descs + (i64)(first + (GLU ? 1 : 0)) * DESC_LEN);
+        if (n0 < m.N) {
+            mmq_rows<MT>(m, n0, kw, ks, x1, x2, xo, acc[0]);
+            if (GLU) mmq_rows<MT>(up, n0, kw, ks, x1, x2, xo, acc[NM - 1]);
+        }
+        float* a = &acc[0][0][0][0];
+        if (ks > 1) {  // warps kw > 0 hand their sums to warp kw = 0 of their row group
+            const int slot = rw * (ks - 1) + kw - 1;
+            if (kw > 0) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) red[slot][v][lane] = a[v];
+            }
+            __syncthreads();
+            if (kw == 0) {
+                for (int k = 0; k < ks - 1; ++k) {
+#pragma unroll
+                    for (int v = 0; v < V; ++v) a[v] += red[rw * (ks - 1) + k][v][lane];
+                }
+            }
+            __syncthreads();
+        }
+        if (kw == 0 && n0 < m.N) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = 16 * i + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
+                        if (r < R && n < m.N) {
+                            float y = acc[0][i][j][e] + (m.bias ? m.bias[n] : 0.0f);
+                            if (GLU) {
+                                const float b = up.bias ? up.bias[n] : 0.0f;
+                                y = mvq_act(y, act) * (acc[NM - 1][i][j][e] + b);
+                            }
+                            m.y[(i64)r * m.N + n] = y;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define MMQ_KERNELS(MT)                                                                     \
+    FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
+        mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R,         \
+                        const u8* xg, int K, int need, int items, int ks) {                 \
+        FORGE_GRID_WAIT();                                                                  \
+        mmq_body<MT, false>(descs, first, count, R, xg, K, need, items, ks, -1);            \
+    }                                                                                       \
+    FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
+        mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, const u8* xg, int K, \
+                      int need, int items, int ks, int act) {                               \
+        FORGE_GRID_WAIT();                                                                  \
+        mmq_body<MT, true>(descs, first, 2, R, xg, K, need, items, ks, act);                \
+    }
+MMQ_KERNELS(1)
+MMQ_KERNELS(2)
