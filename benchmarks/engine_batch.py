@@ -5,9 +5,9 @@ engine costs from what `forge serve` adds (compare with benchmarks/load_server.p
     python benchmarks/engine_batch.py [--model GGUF] [--backend NAME] [--streams 1 8 32]
         [--split-ab]
 
---split-ab (hip): step times under AB_SETTINGS (decode products of 9+ rows on the 8-row kernels
-with x's rows split over blocks, plan.mvq_split, or not; how many rows stay on them,
-plan.mvq_max_work) and per-kernel event timings of the largest step.
+--split-ab (hip): step times under AB_SETTINGS (decode products of 9-32 rows on mmq.hip's int8
+tensor cores, plan.mmq, or on mmv.hip's 8-row kernels with x's rows split over blocks) and
+per-kernel event timings of the largest step.
 """
 
 from __future__ import annotations
@@ -67,15 +67,34 @@ def step_profile(model, n: int, context: int = 32) -> dict[str, list]:
 
 
 AB_SETTINGS = {  # plan attributes of the --split-ab runs
-    "one block per row group, 56M": {"mvq_split": False, "mvq_max_work": 56 << 20},
-    "x rows split over blocks, 56M": {"mvq_split": True, "mvq_max_work": 56 << 20},
-    "split, decode products up to 32 rows for 128M multiply-adds per row": {
-        "mvq_split": True, "mvq_max_work": 128 << 20},
+    "mvq r8 kernels, x rows split over blocks (session 7)": {
+        "mmq": False, "mvq_split": True, "mvq_max_work": 128 << 20, "att_fill": None},
+    "mmq: 9-32 rows on int8 tensor cores, attention splits up to the KV capacity": {
+        "mmq": True, "att_fill": None},
+    "mmq, attention splits for 2 blocks per compute unit": {"mmq": True, "att_fill": 2},
 }  # fmt: skip
 
 
+def step_shares(model, n: int, context: int = 130) -> dict:
+    """gpu_bench.decode_shares for a step of n sequences: each kernel group's cost inside the
+    replayed graph (left out, the step's time drops by that much)."""
+    from gpu_bench import decode_shares  # benchmarks/ is the script's directory
+
+    tables = []
+    for _ in range(n):
+        t = BlockTable(model.allocator, model.n_ctx)
+        t.ensure(context)
+        tables.append(t)
+    try:
+        return decode_shares(model.runner, [t.array() for t in tables])
+    finally:
+        for t in tables:
+            t.release()
+
+
 def split_ab(model, streams: list[int]) -> dict:
-    """Step ms per stream count under each of AB_SETTINGS, and the largest step's kernels."""
+    """Step ms per stream count under each of AB_SETTINGS, the largest step's kernels (event
+    timings of single launches) and its kernel groups' cost in the graph (step_shares)."""
     plan, out = model.runner.plan, {}
     defaults = {k: getattr(plan, k) for s in AB_SETTINGS.values() for k in s}
     try:
@@ -86,6 +105,7 @@ def split_ab(model, streams: list[int]) -> dict:
             out[label] = {
                 "step_ms": {n: round(step_ms(model, n), 3) for n in streams},
                 "kernels": step_profile(model, max(streams)),
+                "shares_us": step_shares(model, max(streams)),
             }
     finally:
         for k, v in defaults.items():
@@ -131,6 +151,7 @@ def main() -> None:
         for key, r in ab.items():
             steps = " ".join(f"{n}: {ms:.3f}" for n, ms in r["step_ms"].items())
             print(f"{key}: step ms {steps}")
+            print("  in-graph us: " + ", ".join(f"{k} {v}" for k, v in r["shares_us"].items()))
     rows = []
     for n in args.streams:
         ms = step_ms(model, n)

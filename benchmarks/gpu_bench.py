@@ -94,27 +94,33 @@ def product_timings(runner, rows: int, tiles: list[int | None], reps: int = 5) -
     return out
 
 
-# Kernel groups of a batch-1 decode step whose in-graph cost decode_shares() measures. The output
-# head is the step's second-to-last launch (then sample_rows).
+# Kernel groups of a decode step whose in-graph cost decode_shares() measures. The output head is
+# the step's second-to-last launch (then sample_rows).
 SHARE_GROUPS = {
     "layer products (mvq_multi)": lambda name, i, n: name.startswith("mvq_multi") and i != n - 2,
     "gated products (mvq_glu)": lambda name, i, n: name.startswith("mvq_glu"),
-    "attention (attn_decode)": lambda name, i, n: name == "attn_decode",
+    "layer products (mmq_multi)": lambda name, i, n: name.startswith("mmq_multi") and i != n - 2,
+    "gated products (mmq_glu)": lambda name, i, n: name.startswith("mmq_glu"),
+    "x quantized (mvq_quant)": lambda name, i, n: name == "mvq_quant",
+    "attention (attn_decode)": lambda name, i, n: name.startswith("attn_decode"),
     "add_norm": lambda name, i, n: name == "add_norm",
     "output head": lambda name, i, n: i == n - 2,
     "embed + sample_rows": lambda name, i, n: name.startswith("embed") or name == "sample_rows",
 }
 
 
-def decode_shares(runner, table: np.ndarray, reps: int = 100) -> dict:
-    """Microseconds of a replayed batch-1 decode step, whole and with each kernel group left out
-    of the captured graph: what each group costs inside the graph, gaps included (event timings
-    around single launches cannot tell that). The step's numbers are wrong without a group; only
-    its time is used."""
+def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100) -> dict:
+    """Microseconds of a replayed decode step (one sequence per block table; a list: a batch),
+    whole and with each kernel group left out of the captured graph: what each group costs
+    inside the graph, gaps included (event timings around single launches cannot tell that).
+    The step's numbers are wrong without a group; only its time is used. Groups a step does
+    not launch are left out of the result."""
     from forge.backend import SeqBatch
 
     plan, launcher, rt, stream = runner.plan, runner.launch, runner.rt, runner.stream
-    rows, _, n_bt = runner._prepare([SeqBatch(np.array([7], np.int32), 128, table)])
+    tables = table if isinstance(table, list) else [table]
+    batch = [SeqBatch(np.array([7], np.int32), 128, t) for t in tables]
+    rows, _, n_bt = runner._prepare(batch)
     runner.meta.upload(n_bt, stream)
     names: list[str] = []
     plan.launch = lambda k, g, b, a: names.append(k.name)
@@ -147,9 +153,11 @@ def decode_shares(runner, table: np.ndarray, reps: int = 100) -> dict:
         whole = step_us(lambda name, i, n: False)
         out = {"whole step": round(whole, 1)}
         for label, pred in SHARE_GROUPS.items():
-            out[label] = round(whole - step_us(pred), 1)
+            if any(pred(name, i, n) for i, name in enumerate(names)):
+                out[label] = round(whole - step_us(pred), 1)
         for label, pred in SHARE_GROUPS.items():  # the same launches made twice: their own cost
-            if label in ("attention (attn_decode)", "add_norm", "layer products (mvq_multi)"):
+            doubled = ("attention (attn_decode)", "add_norm", "layer products (mvq_multi)")
+            if label in out and label in doubled:
                 out[label + " twice"] = round(step_us(lambda *a: False, pred) - whole, 1)
     finally:
         plan.launch = launcher

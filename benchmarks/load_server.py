@@ -86,7 +86,10 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
     return {"ttft": ttft if ttft is not None else time.perf_counter() - t0, "tokens": tokens}
 
 
-async def run_level(url: str, streams: int, args) -> dict:
+async def run_clients(url: str, ids: list[int], args, start_at: float) -> tuple[list, float, float]:
+    """Clients `ids` (each --requests-per-stream requests in turn), starting at monotonic time
+    `start_at`: their results, and the monotonic times the first began and the last ended."""
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     deadline = time.monotonic() + args.time_limit
     results: list[dict] = []
 
@@ -98,15 +101,39 @@ async def run_level(url: str, streams: int, args) -> dict:
             prompt = f"Client {i} request {k}: write a story about {words}."
             results.append(await one_request(client, url, prompt, args.max_tokens))
 
-    limits = httpx.Limits(max_connections=streams + 4)
+    limits = httpx.Limits(max_connections=len(ids) + 4)
     async with httpx.AsyncClient(timeout=args.time_limit + 600, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop(i, client) for i in range(streams)))
-        wall = time.perf_counter() - t0
+        t0 = time.monotonic()
+        await asyncio.gather(*(client_loop(i, client) for i in ids))
+        return results, t0, time.monotonic()
+
+
+def _client_process(url: str, ids: list[int], args, start_at: float) -> tuple[list, float, float]:
+    return asyncio.run(run_clients(url, ids, args, start_at))
+
+
+def run_level(url: str, streams: int, args) -> dict:
+    """One concurrency level. Clients are spread over processes of at most CLIENTS_PER_PROCESS
+    (one Python process parses about 16k SSE events/s: past that the client, not the server,
+    would set the rate); all start at the same moment."""
+    procs = max(1, min(os.cpu_count() or 1, -(-streams // CLIENTS_PER_PROCESS)))
+    parts = [list(range(streams))[p::procs] for p in range(procs)]
+    if procs == 1:
+        outs = [asyncio.run(run_clients(url, parts[0], args, time.monotonic()))]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(procs) as pool:
+            start_at = time.monotonic() + 2.0  # after every process has started
+            futures = [pool.submit(_client_process, url, ids, args, start_at) for ids in parts]
+            outs = [f.result() for f in futures]
+    results = [r for out in outs for r in out[0]]
+    wall = max(out[2] for out in outs) - min(out[1] for out in outs)
     ttfts = sorted(r["ttft"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {
         "streams": streams,
+        "client_processes": procs,
         "requests": len(results),
         "generated_tokens": tokens,
         "seconds": round(wall, 3),
@@ -114,6 +141,18 @@ async def run_level(url: str, streams: int, args) -> dict:
         "ttft_p50_s": round(statistics.median(ttfts), 3) if ttfts else None,
         "ttft_p95_s": round(_percentile(ttfts, 0.95), 3) if ttfts else None,
     }
+
+
+CLIENTS_PER_PROCESS = 8
+PROMPT_ROOM = 64  # KV positions budgeted per request for its prompt (about 20 tokens here)
+
+
+def preemptions(url: str) -> int:
+    """The server's forge_preemptions gauge (sequences recomputed for lack of KV space)."""
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("forge_preemptions "):
+            return int(float(line.split()[1]))
+    return 0
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -130,10 +169,18 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
     p.add_argument("--requests-per-stream", type=int, default=2)
     p.add_argument("--time-limit", type=float, default=180.0, help="seconds per level at most")
-    p.add_argument("--n-ctx", type=int, default=4096, help="context (the KV pool) of the server")
+    p.add_argument(
+        "--n-ctx",
+        type=int,
+        help="the server's KV pool in positions (default: every "
+        "stream's prompt and max_tokens at once, at least 4096, so no level preempts)",
+    )
     p.add_argument("--server-log", help="file for the started server's stdout and stderr")
     p.add_argument("--json-out", help="also write the result JSON here")
     args = p.parse_args()
+    if args.n_ctx is None:
+        need = max(args.levels) * (PROMPT_ROOM + args.max_tokens)
+        args.n_ctx = max(4096, -(-need // 1024) * 1024)
     proc = None
     if args.url:
         _check_loopback(args.url)
@@ -141,14 +188,14 @@ def main() -> int:
     else:
         proc, url = start_server(args)
     try:
-        asyncio.run(
-            run_level(
-                url,
-                1,
-                argparse.Namespace(**{**vars(args), "max_tokens": 4, "requests_per_stream": 1}),
-            )
+        run_level(
+            url, 1, argparse.Namespace(**{**vars(args), "max_tokens": 4, "requests_per_stream": 1})
         )  # warm-up
-        levels = [asyncio.run(run_level(url, n, args)) for n in args.levels]
+        levels = []
+        for n in args.levels:
+            before = preemptions(url)
+            levels.append(run_level(url, n, args))
+            levels[-1]["preemptions"] = preemptions(url) - before
     finally:
         if proc is not None:
             proc.terminate()
