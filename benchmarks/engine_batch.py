@@ -71,7 +71,8 @@ AB_SETTINGS = {  # plan attributes of the --split-ab runs
         "mmq": False, "mvq_split": True, "mvq_max_work": 128 << 20, "att_fill": None},
     "mmq: 9-32 rows on int8 tensor cores, attention splits up to the KV capacity": {
         "mmq": True, "att_fill": None},
-    "mmq, attention splits for 2 blocks per compute unit": {"mmq": True, "att_fill": 2},
+    "mmq, attention splits within 2 blocks per compute unit": {"mmq": True, "att_fill": 2},
+    "mmq, attention splits within 1 block per compute unit": {"mmq": True, "att_fill": 1},
 }  # fmt: skip
 
 

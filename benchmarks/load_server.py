@@ -188,9 +188,11 @@ def main() -> int:
     else:
         proc, url = start_server(args)
     try:
-        run_level(
-            url, 1, argparse.Namespace(**{**vars(args), "max_tokens": 4, "requests_per_stream": 1})
-        )  # warm-up
+        # warm-up at every level: kernels compiled and decode graphs captured for these batch
+        # sizes before anything is timed (a fresh kernel cache costs seconds, once)
+        warm = argparse.Namespace(**{**vars(args), "max_tokens": 4, "requests_per_stream": 1})
+        for n in args.levels:
+            run_level(url, n, warm)
         levels = []
         for n in args.levels:
             before = preemptions(url)

@@ -351,9 +351,9 @@ def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
 def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
     """9-32 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
     one mmq launch (m1 up to 16 rows, m2 above) with its row groups and warp split as the plan
-    computes them; attention splits stop at two blocks per compute unit. plan.mmq off: the mvq
-    kernels."""
-    from forge_hip.plan import MMQ_WARPS, mmq_items
+    computes them; attention splits stop at ATT_FILL blocks per compute unit. plan.mmq off: the
+    mvq kernels."""
+    from forge_hip.plan import ATT_FILL, MMQ_WARPS, mmq_items
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
@@ -382,7 +382,7 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
                 ns = [int(plan.descs[first + j][6]) for j in range(count)]
                 assert r == rows and ks in (1, 2, 4, 8) and items == mmq_items(ns, ks)
         grids = [g for n, g, _ in rt.launches if n.startswith("attn_decode")]
-        want = min(runner.splits, -(-2 * rt.props.compute_units // (rows * spec.n_head)))
+        want = min(runner.splits, ATT_FILL * rt.props.compute_units // (rows * spec.n_head))
         assert grids and all(g == (spec.n_head, rows, max(1, want)) for g in grids), grids
         assert MMQ_WARPS == 8
     runner.close()

@@ -162,11 +162,13 @@ def mmq_items(ns: list[int], ks: int) -> int:
     return sum(-(-n // rows) for n in ns)
 
 
-# Decode steps of several rows: attention splits over the KV length only as far as it takes to give
-# every compute unit this many (row, head, split) blocks. Rows and heads fill the GPU by themselves,
-# and a split past the context's length still costs a block start: H200, gemma3 twin, 32 rows at
-# 130 positions, up to 16 splits (2,048 blocks, 1,792 of them idle): attention 446 us per step.
-ATT_FILL = 2
+# Decode steps of several rows: attention splits over the KV length only while rows x heads x
+# splits stay within this many blocks per compute unit (at least one split). Rows and heads fill
+# the GPU by themselves, an attn_decode block takes a whole SM (its registers), and a split past
+# the context's length still costs a block start. H200, gemma3 twin, 32 rows at 130 positions:
+# up to 16 splits (2,048 blocks): attention 457 us per step in the replayed graph; 2 blocks per
+# CU (2 splits) 378 us; 1 (one split, 128 blocks) 218 us.
+ATT_FILL = 1
 
 MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
 
@@ -216,7 +218,7 @@ class Plan:
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self.mmq = True  # decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
-        self.att_fill = ATT_FILL  # many-row decode attention: splits for this many blocks per CU
+        self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
         self._head_norm: list | None = None  # the last add_norm, left to output()
         w = arena.placed
         embd = w["token_embd.weight"]
@@ -480,7 +482,7 @@ class Plan:
         splits = max(1, min(splits, PART_ROWS // rows))
         if decode and rows > 1 and self.att_fill:
             cus = self.lib.runtime.props.compute_units
-            splits = min(splits, max(1, -(-self.att_fill * cus // (rows * s.n_head))))
+            splits = min(splits, max(1, self.att_fill * cus // (rows * s.n_head)))
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count):
