@@ -117,9 +117,11 @@ def _hiprtc_usable() -> bool:
 @pytest.mark.skipif(not _hiprtc_usable(), reason="hip-python with a HIP runtime not installed")
 @pytest.mark.parametrize("source", SOURCES)
 def test_hiprtc_compiles_inlined_source(source):
+    """hipRTC takes the inlined text (what the amd runtime compiles). At -O0: the diagnostics come
+    from the front end, the optimized gfx90a build is test_hipcc_compiles' (mmv.hip 84 -> 22 s)."""
     from forge_hip.runtime import amd
 
-    code = amd.compile_source(load_source(source), source, "gfx90a")
+    code = amd.compile_source(load_source(source), source, "gfx90a", ["-O0"])
     assert code[:4] == b"\x7fELF"
 
 
@@ -139,6 +141,9 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed (only some machines have it)")
 @pytest.mark.parametrize("source", SOURCES)
 def test_nvcc_compiles_inlined_source_for_sm90(source, tmp_path):
+    """The inlined text compiles warning-free for sm_90. The optimizers run at low levels: the
+    diagnostics come from the front end, and the optimized build (NVRTC) is what the GPU suite
+    runs on the device (mmv.hip 86 -> 15 s here)."""
     src = tmp_path / (Path(source).stem + ".cu")
     src.write_text(load_source(source))  # self-contained, as NVRTC sees it
     proc = subprocess.run(
@@ -148,6 +153,10 @@ def test_nvcc_compiles_inlined_source_for_sm90(source, tmp_path):
             "-cubin",
             "-Werror",
             "all-warnings",
+            "-Xcicc",
+            "-O1",
+            "-Xptxas",
+            "-O0",
             str(src),
             "-o",
             str(tmp_path / "out.cubin"),
