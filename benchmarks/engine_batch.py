@@ -13,6 +13,7 @@ per-kernel event timings of the largest step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
 import time
@@ -25,14 +26,23 @@ from forge.kv_cache import BlockTable
 from forge.scheduler import Finished, Scheduler
 
 
+@contextlib.contextmanager
+def block_tables(model, n: int, positions: int):
+    """n sequences' block tables with room for `positions` each, released afterwards."""
+    tables = []
+    try:
+        for _ in range(n):
+            tables.append(BlockTable(model.allocator, model.n_ctx))
+            tables[-1].ensure(positions)
+        yield tables
+    finally:
+        for t in tables:
+            t.release()
+
+
 def step_ms(model, n: int, context: int = 32, reps: int = 20) -> float:
     """Median ms of one greedy decode step for n sequences at `context` positions."""
-    tables = []
-    for _ in range(n):
-        t = BlockTable(model.allocator, model.n_ctx)
-        t.ensure(context + reps + 2)
-        tables.append(t)
-    try:
+    with block_tables(model, n, context + reps + 2) as tables:
         ids = np.arange(1, context + 1, dtype=np.int32)
         model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
         times = []
@@ -42,28 +52,17 @@ def step_ms(model, n: int, context: int = 32, reps: int = 20) -> float:
             model.runner.forward_argmax(batch)
             times.append(time.perf_counter() - t0)
         return 1e3 * float(np.median(times[1:]))
-    finally:
-        for t in tables:
-            t.release()
 
 
 def step_profile(model, n: int, context: int = 32) -> dict[str, list]:
     """{kernel: [launches, ms]} of one decode step for n sequences (event timings per launch)."""
-    tables = []
-    for _ in range(n):
-        t = BlockTable(model.allocator, model.n_ctx)
-        t.ensure(context + 2)
-        tables.append(t)
-    try:
+    with block_tables(model, n, context + 2) as tables:
         ids = np.arange(1, context + 1, dtype=np.int32)
         model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
         batch = [SeqBatch(np.array([7], np.int32), context, t.array()) for t in tables]
         prof = model.runner.profile_decode(batch)
         top = sorted(prof.items(), key=lambda kv: -kv[1][1])
         return {k: [c, round(ms, 4)] for k, (c, ms) in top}
-    finally:
-        for t in tables:
-            t.release()
 
 
 AB_SETTINGS = {  # plan attributes of the --split-ab runs
@@ -81,16 +80,8 @@ def step_shares(model, n: int, context: int = 130) -> dict:
     replayed graph (left out, the step's time drops by that much)."""
     from gpu_bench import decode_shares  # benchmarks/ is the script's directory
 
-    tables = []
-    for _ in range(n):
-        t = BlockTable(model.allocator, model.n_ctx)
-        t.ensure(context)
-        tables.append(t)
-    try:
+    with block_tables(model, n, context) as tables:
         return decode_shares(model.runner, [t.array() for t in tables])
-    finally:
-        for t in tables:
-            t.release()
 
 
 def split_ab(model, streams: list[int]) -> dict:

@@ -155,8 +155,8 @@ def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100)
         for label, pred in SHARE_GROUPS.items():
             if any(pred(name, i, n) for i, name in enumerate(names)):
                 out[label] = round(whole - step_us(pred), 1)
+        doubled = ("attention (attn_decode)", "add_norm", "layer products (mvq_multi)")
         for label, pred in SHARE_GROUPS.items():  # the same launches made twice: their own cost
-            doubled = ("attention (attn_decode)", "add_norm", "layer products (mvq_multi)")
             if label in out and label in doubled:
                 out[label + " twice"] = round(step_us(lambda *a: False, pred) - whole, 1)
     finally:

@@ -161,6 +161,15 @@ class MvqCase:
         return self.dev.get(self.y[j], (self.R, self.W[j].shape[0]))
 
 
+def quantize_x(rt, lib, dev, case: MvqCase, need: int):
+    """The case's x rounded to int8 by mvq_quant into a poisoned buffer (mmv.hip's layout)."""
+    R, K = case.R, case.K
+    xq = dev.poisoned(mvq_xbytes(need, R, K))
+    tasks = R * -(-K // 256)
+    rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,), [case.xbuf, xq, K, R, need])
+    return xq
+
+
 def launch_mvq(
     rt,
     lib,
@@ -188,10 +197,7 @@ def launch_mvq(
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0
     if need and (xg or (xg is None and mvq_global_x(need, block_rows, K, rm))):
-        xq = dev.poisoned(mvq_xbytes(need, R, K))
-        tasks = R * -(-K // 256)
-        rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
-                  [case.xbuf, xq, K, R, need])  # fmt: skip
+        xq = quantize_x(rt, lib, dev, case, need)
     grid = (min(grid or items, items), chunks)
     tail = [case.xbuf, K, need, items, xq, flags]
     if act is None:

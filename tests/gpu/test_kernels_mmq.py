@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from forge_hip.plan import (
-    MMQ_TYPES,
-    MVQ_THREADS,
-    mmq_items,
-    mmq_ks,
-    mvq_need,
-    mvq_xbytes,
-)
+from forge_hip.plan import MMQ_TYPES, MVQ_THREADS, mmq_items, mmq_ks, mmq_tiles, mvq_need
 from forge_hip.sources import load_source
 
 from forge.backend import SeqBatch
 from tests.golden_rules import BOUNDS, greedy_mismatches, logit_errors
 from tests.gpu.helpers import rel_err
-from tests.gpu.test_kernels_gemv import MvqCase, _act, mvq_k
+from tests.gpu.test_kernels_gemv import MvqCase, _act, mvq_k, quantize_x
 from tests.gpu.test_runner import _runner
 
 
@@ -30,14 +23,12 @@ def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=No
     (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip)."""
     types, R, K = case.types, case.R, case.K
     need = mvq_need(types)
-    xq = dev.poisoned(mvq_xbytes(need, R, K))
-    tasks = R * -(-K // 256)
-    rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,), [case.xbuf, xq, K, R, need])
+    xq = quantize_x(rt, lib, dev, case, need)
     ns = [w.shape[0] for w in case.W][: 1 if act is not None else None]
     ks = ks or mmq_ks(K, types, ns, rt.props.compute_units)
     items = mmq_items(ns, ks)
     grid = min(grid or items, items)
-    mt = 1 if R <= 16 else 2
+    mt = mmq_tiles(R)
     get = get or lib.get
     if act is None:
         rt.launch(get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),

@@ -54,11 +54,7 @@ def q8_0_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
     its int8 quants, and a row pointer addresses the quants (kernels/quants.h deq32_q8_0: block c's
     scale sits 2 (c + 1) bytes before the pointer). Same bytes per row, so row strides and tensor
     sizes do not change; rows of K % 128 == 0 elements keep their quants 8-byte aligned."""
-    n, row_bytes = raw.shape
-    blocks = raw.reshape(n, row_bytes // 34, 34)
-    scales = np.ascontiguousarray(blocks[:, ::-1, :2]).reshape(n, -1)
-    out = np.concatenate([scales, blocks[:, :, 2:].reshape(n, -1)], axis=1)
-    return out, scales.shape[1]
+    return _aux_before_quants(raw, 34, slice(0, 2), slice(2, None))
 
 
 def q6_k_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
@@ -68,11 +64,16 @@ def q6_k_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
     (kernels/quants.h deq32_q6_k: block c's quants at pointer + 192 c, its scales 18 (c + 1) bytes
     before the pointer, d just after them). Same bytes per row; rows of a multiple of 1024 elements
     keep their quants 8-byte aligned (GGML's 210-byte blocks are 2-aligned)."""
+    return _aux_before_quants(raw, 210, slice(192, None), slice(0, 192))
+
+
+def _aux_before_quants(raw: np.ndarray, block: int, aux: slice, quants: slice):
+    """Rows of `block`-byte blocks rearranged as every block's `aux` bytes in reverse block order,
+    then every block's `quants` bytes; and the offset of the quants (the row pointer)."""
     n, row_bytes = raw.shape
-    blocks = raw.reshape(n, row_bytes // 210, 210)
-    aux = np.ascontiguousarray(blocks[:, ::-1, 192:]).reshape(n, -1)
-    out = np.concatenate([aux, blocks[:, :, :192].reshape(n, -1)], axis=1)
-    return out, aux.shape[1]
+    blocks = raw.reshape(n, row_bytes // block, block)
+    head = np.ascontiguousarray(blocks[:, ::-1, aux]).reshape(n, -1)
+    return np.concatenate([head, blocks[:, :, quants].reshape(n, -1)], axis=1), head.shape[1]
 
 
 _DEVICE_ROWS = {"Q8_0": q8_0_rows, "Q6_K": q6_k_rows}

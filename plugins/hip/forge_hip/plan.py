@@ -137,6 +137,7 @@ MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 MMQ_MIN_ROWS = 9
 MMQ_MAX_ROWS = 32
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
+MMQ_BLOCKS_PER_CU = 2  # mmq.hip's __launch_bounds__(256, 2): blocks resident per compute unit
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
 
 
@@ -150,9 +151,19 @@ def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int) -> int:
         if ks > max(chunks, 1):
             break
         best = ks
-        if mmq_items(ns, ks) >= 2 * compute_units:
+        if mmq_items(ns, ks) >= MMQ_BLOCKS_PER_CU * compute_units:
             break
     return best
+
+
+def mmq_tiles(rows: int) -> int:
+    """m16 tiles of x rows per warp: the MT of the mmq_*_m<MT> kernel for `rows` rows."""
+    return 1 if rows <= 16 else 2
+
+
+def even_grid(items: int, most: int) -> int:
+    """As few blocks (at most `most`) as give each the same share of `items` (blocks loop)."""
+    return -(-items // -(-items // most))
 
 
 def mmq_items(ns: list[int], ks: int) -> int:
@@ -317,23 +328,27 @@ class Plan:
         as the decode products round it, then one launch over the matrices (or the gated pair)."""
         mats = [p for p, _ in self.mats[first : first + count]]
         types = [p.type for p in mats]
-        k, x, xg = mats[0].k, self.descs[first][1], self.ws.xq
-        need = mvq_need(types)
-        tasks = rows * -(-k // 256)
-        self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
-                    [x, xg, k, rows, need])  # fmt: skip
+        k, need = mats[0].k, mvq_need(types)
+        xg = self._quantize_x(self.descs[first][1], k, rows, need)
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
         cus = self.lib.runtime.props.compute_units
         ks = mmq_ks(k, types, ns, cus)
         items = mmq_items(ns, ks)
-        grid = -(-items // -(-items // (2 * cus)))  # two resident blocks per compute unit
-        mt = 1 if rows <= 16 else 2
+        grid = even_grid(items, MMQ_BLOCKS_PER_CU * cus)
+        mt = mmq_tiles(rows)
         if act is None:
             self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
                         [self.ws.descs, first, count, rows, xg, k, need, items, ks])  # fmt: skip
         else:
             self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
                         [self.ws.descs, first, rows, xg, k, need, items, ks, act])  # fmt: skip
+
+    def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
+        """x [rows, k] rounded to int8 once into ws.xq (mvq_quant, mmv.hip's layout); ws.xq."""
+        tasks = rows * -(-k // 256)
+        self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+                    [x, self.ws.xq, k, rows, need])  # fmt: skip
+        return self.ws.xq
 
     def norm_fusable(self, first: int, count: int, rows: int) -> bool:
         """Whether the product of descriptors first .. first + count - 1 over `rows` rows can take
@@ -380,13 +395,8 @@ class Plan:
         rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
-        grid = -(-items // -(-items // most))  # as few blocks as give each its share of items
-        xg = 0
-        if mvq_global_x(need, block_rows, k, rm):
-            xg = ws.xq
-            tasks = rows * -(-k // 256)
-            self.launch(self.lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
-                        [x, xg, k, rows, need])  # fmt: skip
+        grid = even_grid(items, most)
+        xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
         tail = [x, k, need, items, xg, self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
