@@ -151,6 +151,16 @@ class Runner(ABC):
                              for b, p in zip(batch, picks)])  # fmt: skip
         return [None if p is None else sample_host(r[-1], p) for r, p in zip(rows, picks)]
 
+    def start_sample(
+        self, batch: list[SeqBatch], picks: list[DeviceSampling | None]
+    ) -> Callable[[], list[int | None]]:
+        """Start `forward_sample(batch, picks)` and return a function that waits for its
+        tokens. The engine does its host work for the previous tokens in between, so a runner
+        whose passes run asynchronously (a GPU) overlaps the two. Call the returned function
+        before the runner's next pass. This default runs the pass before returning."""
+        tokens = self.forward_sample(batch, picks)
+        return lambda: tokens
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free device memory. Safe to call twice."""
 

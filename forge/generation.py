@@ -63,13 +63,25 @@ class SequenceState:
         """True when the pick depends on the argmax alone (a device may pick for us)."""
         return self.sampler.chain == ["greedy"] and not self.logprobs
 
-    def device_pick(self) -> DeviceSampling | None:
+    def ends_with(self, token: int) -> bool:
+        """True when taking `token` next certainly ends the sequence: an end-of-generation
+        token, max_tokens, or the context full (a stop string needs the text: only `take` finds
+        it)."""
+        n = len(self.generated) + 1
+        return (
+            token in self.tokenizer.eog_ids
+            or n >= self.max_tokens
+            or len(self.prompt) + n >= self.n_ctx
+        )
+
+    def device_pick(self, ahead: int = 0) -> DeviceSampling | None:
         """How a device may pick this sequence's next token (`Runner.forward_sample`), or None
         when the host must: logprobs asked for, or a stage or picker other than the built-in
         top_k, top_p, min_p, temperature (in that order) and dist/greedy (penalties and
         logit_bias keep the host path). The draw's key is the seed (else one draw from the
         sampler's generator, once) and its counter the index of the token being picked, so a
-        seed gives the same tokens on every run."""
+        seed gives the same tokens on every run. `ahead` counts tokens already picked that
+        `take` has not seen yet (the pick is for the token after them)."""
         if self.logprobs is not None:
             return None
         if self.is_greedy:
@@ -78,7 +90,7 @@ class SequenceState:
             self._device = _device_sampling(self.sampler)
         if self._device is None:
             return None
-        return replace(self._device, counter=len(self.generated))
+        return replace(self._device, counter=len(self.generated) + ahead)
 
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from a logits row [n_vocab] and take the token."""

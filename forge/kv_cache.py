@@ -51,6 +51,7 @@ class BlockTable:
         self.allocator = allocator
         self.max_positions = max_positions
         self.blocks: list[int] = []
+        self._array: np.ndarray | None = None  # `blocks` as int32, rebuilt when they change
 
     def ensure(self, n_positions: int) -> None:
         """Make room for positions 0 .. n_positions-1 (allocating blocks as needed)."""
@@ -61,12 +62,17 @@ class BlockTable:
         missing = self.allocator.blocks_for(n_positions) - len(self.blocks)
         if missing > 0:
             self.blocks += self.allocator.allocate(missing)
+            self._array = None
 
     def array(self) -> np.ndarray:
-        return np.asarray(self.blocks, dtype=np.int32)
+        """The block ids as int32 (the same array until the blocks change: do not modify)."""
+        if self._array is None:
+            self._array = np.asarray(self.blocks, dtype=np.int32)
+        return self._array
 
     def release(self) -> None:
         """Give every block back (idempotent)."""
         if self.blocks:
             self.allocator.free(self.blocks)
             self.blocks = []
+            self._array = None

@@ -13,6 +13,12 @@ Blocks of the paged KV cache are freed as soon as a sequence finishes or is canc
 cache runs out mid-step, the most recently admitted sequence is preempted: its blocks are freed
 and it later recomputes its KV from its prompt and the tokens generated so far (same tokens, so
 the output is unchanged).
+
+Steps whose tokens the runner picks itself (greedy, or `DeviceSampling` on a device) overlap
+with the host: the thread starts step N+1 with the tokens step N picked, then takes them
+(detokenization, stop strings, callbacks) while the runner computes (`Runner.start_sample`). A
+sequence that a stop string ends meanwhile wastes its row of step N+1, which is dropped; one that
+certainly ends (end-of-generation token, max_tokens, context) is left out of it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forge.backend import SeqBatch
+from forge.backend import DeviceSampling, SeqBatch
 from forge.errors import ForgeError, OutOfMemoryError
 from forge.generation import SequenceState, TokenEvent
 from forge.kv_cache import BlockTable
@@ -70,8 +76,17 @@ class _Request:
     table: BlockTable | None = None
     cached: int = 0  # positions already in the KV cache
     pending: list[int] = field(default_factory=list)  # tokens to feed next
+    picked: int | None = None  # a token the runner picked that the state has not taken yet
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Started:
+    """A step the runner is computing: the requests it picks tokens for, and how to get them."""
+
+    sampling: list[_Request]
+    collect: Callable[[], list[int | None]]
 
 
 class Handle:
@@ -176,9 +191,11 @@ class Scheduler:
 
     # -- the scheduler thread ------------------------------------------------------------------
     def _loop(self) -> None:
+        started: _Started | None = None
         while True:
             with self._cond:
                 while not self._stop and not self._waiting and not self._running:
+                    started = None  # every request in it has ended: nothing to take
                     self._cond.wait()
                 if self._stop:
                     break
@@ -186,8 +203,9 @@ class Scheduler:
                 self._admit()
             try:
                 if self._running:
-                    self._step()
+                    started = self._advance(started)
             except Exception as exc:  # a failed pass must not take the server down
+                started = None
                 log.exception("forward pass failed (%s: %s); ending its sequences",
                               type(exc).__name__, exc)  # fmt: skip
                 for request in list(self._running):
@@ -217,11 +235,50 @@ class Scheduler:
             request.table = BlockTable(alloc, self.model.n_ctx)
             self._running.append(request)
 
-    def _step(self) -> None:
+    def _advance(self, started: _Started | None) -> _Started | None:
+        """Collect the step in flight, start the next one with its tokens, then take them (the
+        host's share of each token) while the runner computes. Returns the step now running."""
+        picked = self._collect(started) if started is not None else []
+        plan = self._plan(preempt=False)
+        if plan is None:  # the pool ran dry: preemption recomputes from taken tokens only
+            self._take(picked)
+            picked = []
+            plan = self._plan(preempt=True)
+        step = self._start(plan, picked) if plan else None
+        self._take(picked)
+        return step
+
+    def _collect(self, started: _Started) -> list[_Request]:
+        """Wait for a step's tokens; each still-running request gets its token to feed next.
+        Returns those requests (their tokens are still to be taken)."""
+        tokens = started.collect()
+        picked = []
+        for request, token in zip(started.sampling, tokens):
+            if request.state.finished:  # ended while the step ran: its row is dropped
+                continue
+            request.picked = token
+            request.pending = [token]
+            picked.append(request)
+        return picked
+
+    def _take(self, requests: list[_Request]) -> None:
+        """Hand each picked token to its sequence's state and the request's callback."""
+        for request in requests:
+            token, request.picked = request.picked, None
+            state = request.state
+            _deliver(request, state.take(token))
+            if state.finished:
+                self._finish(request, state.finish_reason)
+
+    def _plan(self, preempt: bool) -> list[tuple[_Request, int]] | None:
+        """(request, tokens fed) of the next step. Without `preempt`, None when the KV pool
+        cannot hold it without preempting a sequence."""
         budget = self.prefill_chunk
         plan: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
         for request in list(self._running):
-            if request not in self._running:  # preempted while planning an earlier one
+            if preempt and request not in self._running:  # preempted planning an earlier one
+                continue
+            if request.picked is not None and request.state.ends_with(request.picked):
                 continue
             n = len(request.pending)
             if n > 1:  # prefill (or recompute after preemption): bounded by the budget
@@ -229,40 +286,45 @@ class Scheduler:
                     continue
                 n = min(n, budget)
                 budget -= n
-            if not self._reserve(request, request.cached + n, plan):
+            if not preempt:
+                try:
+                    request.table.ensure(request.cached + n)
+                except OutOfMemoryError:
+                    return None
+            elif not self._reserve(request, request.cached + n, plan):
                 continue
             plan.append((request, n))
-        if not plan:
-            return
+        return plan
+
+    def _start(self, plan: list[tuple[_Request, int]], picked: list[_Request]) -> _Started | None:
+        """Run a planned step: started on the runner when it picks the tokens itself (the
+        `_Started` to collect), else computed and sampled on the host now (after `picked` are
+        taken, so each sequence gets its tokens in order)."""
         batch = []
         for request, n in plan:
             last = n == len(request.pending)
             tokens = np.asarray(request.pending[:n], dtype=np.int32)
             batch.append(SeqBatch(tokens, request.cached, request.table.array(),
                                   "last" if last else "none"))  # fmt: skip
-        sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
-        runner = self.model.runner
-        if sampling and all(r.state.is_greedy for r, _ in sampling):
-            picks = runner.forward_argmax(batch)
-            rows = {id(b): p for b, p in zip(batch, picks)}
-        elif sampling and (on_device := _device_picks(runner, sampling)) is not None:
-            tokens = runner.forward_sample(batch, [on_device.get(id(b)) for b in batch])
-            rows = {id(b): t for b, t in zip(batch, tokens)}
-        else:
-            outs = runner.forward(batch)
-            rows = {id(b): o for b, o in zip(batch, outs)}
-        self.steps += 1
-        for request, n in plan:
             request.cached += n
             del request.pending[:n]
+        sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
+        runner = self.model.runner
+        self.steps += 1
+        picks = _picks(runner, sampling)
+        if picks is not None:
+            collect = runner.start_sample(batch, [picks.get(id(b)) for b in batch])
+            return _Started([r for r, _ in sampling], collect)
+        self._take(picked)
+        picked.clear()
+        rows = {id(b): out for b, out in zip(batch, runner.forward(batch))}
         for request, b in sampling:
-            out = rows[id(b)]
-            state = request.state
-            event = state.take(int(out)) if np.isscalar(out) else state.step(out[-1])
+            event = request.state.step(rows[id(b)][-1])
             request.pending = [event.token]
             _deliver(request, event)
-            if state.finished:
-                self._finish(request, state.finish_reason)
+            if request.state.finished:
+                self._finish(request, request.state.finish_reason)
+        return None
 
     def _reserve(self, request: _Request, n_positions: int, plan: list) -> bool:
         """Blocks for `n_positions`; preempts the newest other sequences when the pool is dry.
@@ -315,10 +377,17 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
         request.cancelled = True
 
 
-def _device_picks(runner, sampling: list) -> dict | None:
-    """{id(batch row): DeviceSampling} when the runner samples on the device and every sampling
-    sequence's chain allows it; None when the host must sample."""
+def _picks(runner, sampling: list) -> dict | None:
+    """{id(batch row): DeviceSampling} when the runner may pick every sampling row's token:
+    all greedy (any runner takes the argmax), or a runner that samples on the device and chains
+    `DeviceSampling` expresses. None when the host must sample. A request whose previous token
+    is not taken yet draws with the next counter."""
+    if all(r.state.is_greedy for r, _ in sampling):
+        return {id(b): _ARGMAX for _, b in sampling}
     if not getattr(runner, "samples_on_device", False):
         return None
-    picks = {id(b): r.state.device_pick() for r, b in sampling}
+    picks = {id(b): r.state.device_pick(ahead=int(r.picked is not None)) for r, b in sampling}
     return picks if all(p is not None for p in picks.values()) else None
+
+
+_ARGMAX = DeviceSampling()

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
+from forge.backend import SeqBatch
 from forge.errors import ForgeRuntimeError
 from forge.scheduler import Finished, QueueFullError, Scheduler, ShuttingDownError
 
@@ -101,6 +102,10 @@ class _Spy:
     def forward_argmax(self, batch):
         self.batches.append([(len(b.tokens), b.output) for b in batch])
         return self.runner.forward_argmax(batch)
+
+    def start_sample(self, batch, picks):
+        self.batches.append([(len(b.tokens), b.output) for b in batch])
+        return self.runner.start_sample(batch, picks)
 
 
 def test_prefill_is_chunked_and_does_not_starve_decode(model, monkeypatch):
@@ -199,3 +204,96 @@ def test_callback_from_many_threads(model):
         t.join(60)
     sched.stop(5)
     assert sorted(results) == ["length"] * 16
+
+
+class _Deferring:
+    """A runner whose `start_sample` returns before computing, as a GPU's does: the pass runs
+    when its tokens are collected. Logs "start", "collect" and (through `log_take`) each token
+    the scheduler hands out, in order."""
+
+    samples_on_device = True
+
+    def __init__(self, runner, log):
+        self.runner, self.log = runner, log
+
+    def forward(self, batch):
+        return self.runner.forward(batch)
+
+    def forward_argmax(self, batch):
+        return self.runner.forward_argmax(batch)
+
+    def forward_sample(self, batch, picks):
+        return self.runner.forward_sample(batch, picks)
+
+    def start_sample(self, batch, picks):
+        self.log.append("start")
+        batch = [SeqBatch(b.tokens.copy(), b.start, b.block_table.copy(), b.output) for b in batch]
+
+        def collect():
+            self.log.append("collect")
+            return self.runner.forward_sample(batch, picks)
+
+        return collect
+
+
+def test_host_work_overlaps_the_next_step(model, monkeypatch):
+    """Step N+1 starts before step N's token is taken; a sequence that certainly ends
+    (max_tokens) is left out of the next step; the tokens equal the single-sequence path's."""
+    log: list[str] = []
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, log))
+    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
+    assert len(ref.tokens) == 4  # no end-of-generation token before max_tokens
+    sched = Scheduler(model).start()
+    q: queue.Queue = queue.Queue()
+
+    def on_event(message):  # called on the scheduler thread: the log's order is exact
+        log.append("finished" if isinstance(message, Finished) else "take")
+        q.put(message)
+
+    try:
+        state = model.start(PROMPTS[2], max_tokens=4, temperature=0)
+        sched.submit(state, on_event)
+        events, _ = _drain(q)
+    finally:
+        sched.stop(5)
+    assert state.generated == ref.tokens and len(events) == 4
+    assert log == ["start", "collect"] + ["start", "take", "collect"] * 3 + ["take", "finished"]
+    assert sched.steps == 4  # the prompt, then 3 of the 4 tokens fed (the 4th ends it)
+
+
+def test_stop_strings_end_batched_sequences_like_single_ones(model, monkeypatch):
+    """A stop string found while the next step runs drops that sequence's row of it; every
+    sequence still gets the single-sequence text, tokens and finish reason."""
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    full = {p: model.complete(p, max_tokens=24, temperature=0).text for p in PROMPTS}
+    stops = {p: [t[len(t) // 2 : len(t) // 2 + 3]] if len(t) > 8 else [] for p, t in full.items()}
+    refs = {p: model.complete(p, max_tokens=24, temperature=0, stop=stops[p]) for p in PROMPTS}
+    assert sum(r.finish_reason == "stop" for r in refs.values()) >= 4
+    sched = Scheduler(model, max_batch=8).start()
+    try:
+        subs = [_submit(sched, model, p, max_tokens=24, stop=stops[p]) for p in PROMPTS]
+        results = [_drain(q) for _, q, _ in subs]
+    finally:
+        sched.stop(5)
+    for p, (events, fin), (_, _, state) in zip(PROMPTS, results, subs):
+        ref = refs[p]
+        assert "".join(e.text for e in events) == ref.text, p
+        assert state.generated == ref.tokens and fin.finish_reason == ref.finish_reason, p
+    assert model.allocator.usage == 0.0
+
+
+def test_seeded_device_sampling_overlapped_equals_single(model, monkeypatch):
+    """While a step runs the next token's draw counter is one ahead of the taken tokens: the
+    overlapped scheduler draws exactly what the one-sequence engine draws."""
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    kw = dict(max_tokens=12, temperature=0.9, top_k=40)
+    refs = [model.complete(p, seed=11 + i, **kw).tokens for i, p in enumerate(PROMPTS[:4])]
+    sched = Scheduler(model, max_batch=4).start()
+    try:
+        subs = [_submit(sched, model, p, seed=11 + i, **kw) for i, p in enumerate(PROMPTS[:4])]
+        for _, q, _ in subs:
+            _drain(q)
+    finally:
+        sched.stop(5)
+    assert [s.generated for _, _, s in subs] == refs
+    assert len({tuple(r) for r in refs}) == 4

@@ -105,6 +105,33 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
         runner.close()
 
 
+def test_started_step_is_read_when_collected(rt, golden_dir):
+    """start_sample queues a graph-replayed step and returns; its ids equal forward_sample's,
+    also when another pass runs before they are collected (the runner reads them first)."""
+    from forge.backend import DeviceSampling
+
+    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    try:
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (6, 11, 8, 3)]
+        tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32) for i in range(4)]
+        runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+        batch = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs[:3], tables[:3])]
+        picks = [DeviceSampling(0.8, 30, 0.95, 0.0, key=5, counter=2), None, DeviceSampling()]
+        want = runner.forward_sample(batch, picks)
+        assert want[1] is None
+        collect = runner.start_sample(batch, picks)  # same positions: the same K/V rewritten
+        assert runner._unfetched is not None
+        other = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]
+        assert collect() == want and collect() == want
+        alone = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]
+        assert np.array_equal(other, alone)
+        assert runner.start_sample(batch, picks)() == want
+    finally:
+        runner.close()
+
+
 def test_sampled_generation_repeats_with_its_seed(rt, golden_dir):  # rt: skips without a GPU
     model = forge.load(str(golden_dir / "models" / "gemma3-q4_k_m.gguf"), backend="hip", n_ctx=128)
     try:

@@ -5,7 +5,9 @@ A decode step (every sequence adds one token) is captured once per batch size an
 positions, slots, block tables, token ids and sampling parameters live in one device buffer
 refreshed by a single host->device copy, so Python launches nothing per token. Greedy decode
 (`forward_argmax`) and sampling (`forward_sample`: top-k / top-p / min-p / temperature with a
-counter-based generator) pick tokens on the device and copy back only their ids.
+counter-based generator) pick tokens on the device and copy back only their ids;
+`start_sample` returns as soon as such a step is queued on the stream, so the engine's host work
+runs while the GPU computes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class SampleMeta(RowMeta):
         """Rows 0 .. n_rows - 1 take the argmax, except those given (row, how to pick)."""
         self.field("s_temp")[:n_rows] = 0  # the bits of 0.0f
         for row, p in picks:
+            if p.temperature == 0.0:  # the argmax: s_temp 0 is all sample_rows reads
+                continue
             words = np.array([p.top_p, p.log_min_p], np.float64).view(np.int32)
             key = np.array([p.key & 0xFFFFFFFFFFFFFFFF], np.uint64).view(np.int32)
             values = (
@@ -136,6 +140,7 @@ class HipRunner(Runner):
             self.meta = SampleMeta(self.rt, ROW_CAP, 1024)
             self.out_rows = out_rows(spec)
             self.use_graphs = True
+            self._unfetched: _Deferred | None = None  # a started step's results, not read yet
         except BaseException:
             self.close()
             raise
@@ -161,24 +166,45 @@ class HipRunner(Runner):
         return [int(r[-1]) for r in rows if r is not None and len(r)]
 
     def forward_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> list[int | None]:
+        return self.start_sample(batch, picks)()
+
+    def start_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> Callable[[], list]:
+        """Queue the pass and return; a graph-replayed decode step's ids are read (waiting for
+        the stream) only when the returned function is called. Other passes run now."""
         if len(picks) != len(batch):
             raise ForgeRuntimeError(f"{len(picks)} picks for a batch of {len(batch)}")
         lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
                  for b, p in zip(batch, picks)]  # fmt: skip
-        rows = self._forward(lasts, ids=True, picks=picks)
-        return [None if p is None else int(r[-1]) for r, p in zip(rows, picks)]
+        chunks = self._begin(lasts)
+        if len(chunks) == 1 and len(chunks[0][0]) == len(batch):  # one piece per sequence
+            fetch = self._launch(chunks[0][0], True, [p if b.output == "last" else None
+                                                      for b, p in zip(lasts, picks)])  # fmt: skip
+        else:
+            rows = self._forward(lasts, ids=True, picks=picks)
+            fetch = lambda: rows  # noqa: E731
+        self._unfetched = _Deferred(lambda: [None if p is None else int(r[-1])
+                                             for r, p in zip(fetch(), picks)])  # fmt: skip
+        return self._unfetched
+
+    def _begin(self, batch: list[SeqBatch]) -> list[tuple[list[SeqBatch], list[int]]]:
+        """Settle a started step's results (they are read before anything overwrites them),
+        then cut `batch` into pieces (`_chunks`)."""
+        started, self._unfetched = self._unfetched, None
+        if started is not None:
+            started.settle()
+        self.rt.bind()
+        if self.kv is None:
+            raise ForgeRuntimeError("allocate_kv() must be called before forward()")
+        return list(self._chunks(batch))
 
     def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None) -> list:
         """Logits (ids False) or picked token ids (ids True: argmax unless `picks` says how)
         of the rows each sequence's `output` asks for."""
-        self.rt.bind()
-        if self.kv is None:
-            raise ForgeRuntimeError("allocate_kv() must be called before forward()")
         parts: list[list[np.ndarray]] = [[] for _ in batch]
-        for chunk, owners in self._chunks(batch):
+        for chunk, owners in self._begin(batch):
             how = [picks[o] if picks and b.output == "last" else None
                    for b, o in zip(chunk, owners)]  # fmt: skip
-            for owner, rows in zip(owners, self._run(chunk, ids, how)):
+            for owner, rows in zip(owners, self._launch(chunk, ids, how)()):
                 if rows is not None:
                     parts[owner].append(rows)
         out = []
@@ -194,6 +220,10 @@ class HipRunner(Runner):
     def _chunks(self, batch: list[SeqBatch]):
         """Cut the batch into pieces of at most ROW_CAP token rows (a sequence may be split:
         its later piece sees the earlier one's K/V, written first)."""
+        if sum(len(b.tokens) for b in batch) <= ROW_CAP:  # one piece: the batch as it is
+            if batch:
+                yield batch, list(range(len(batch)))
+            return
         cur: list[SeqBatch] = []
         owners: list[int] = []
         used = 0
@@ -217,57 +247,65 @@ class HipRunner(Runner):
         self, chunk: list[SeqBatch], picks: list[Pick] | None = None
     ) -> tuple[int, list[np.ndarray], int]:
         """Fill the host metadata (with each piece's pick for its last row: `picks`, aligned
-        with `chunk`); returns (rows, wanted rows per piece, block-table entries)."""
+        with `chunk`); returns (rows, wanted rows per piece, block-table entries). Vectorized
+        over rows: a decode step's engine work waits for it."""
         s, kv, meta = self.spec, self.kv, self.meta
         bs = kv.block_size
-        tables, wanted, at_bt, at = [], [], 0, 0
-        ids, pos, slots = meta.field("ids"), meta.field("pos"), meta.field("slots")
-        btoff, outidx = meta.field("btoff"), meta.field("outidx")
-        n_out = 0
-        for b in chunk:
-            n = len(b.tokens)
-            if b.tokens.min() < 0 or b.tokens.max() >= s.n_vocab:
-                raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
-            need = (b.start + n - 1) // bs + 1
-            table = np.asarray(b.block_table, dtype=np.int32).reshape(-1)[:need]
-            if len(table) < need:
+        n_seq = len(chunk)
+        lens = np.fromiter((len(b.tokens) for b in chunk), np.int64, n_seq)
+        starts = np.fromiter((b.start for b in chunk), np.int64, n_seq)
+        at = int(lens.sum())
+        tokens = np.concatenate([b.tokens for b in chunk]) if chunk else np.zeros(0, np.int32)
+        if at and (tokens.min() < 0 or tokens.max() >= s.n_vocab):
+            raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
+        need = (starts + lens - 1) // bs + 1
+        tables = []
+        for b, k in zip(chunk, need.tolist()):
+            table = np.asarray(b.block_table, dtype=np.int32).reshape(-1)
+            if len(table) < k:
                 raise ContextOverflowError(
-                    f"sequence position {b.start + n - 1} has no KV block "
-                    f"(block table of {len(b.block_table)})"
+                    f"sequence position {b.start + len(b.tokens) - 1} has no KV block "
+                    f"(block table of {len(table)})"
                 )
-            if table.min() < 0 or table.max() >= kv.n_blocks:
-                raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
-            p = np.arange(b.start, b.start + n, dtype=np.int32)
-            ids[at : at + n] = b.tokens
-            pos[at : at + n] = p
-            slots[at : at + n] = table[p // bs] * bs + p % bs
-            btoff[at : at + n] = at_bt
-            rows = {"all": np.arange(at, at + n), "last": np.array([at + n - 1])}.get(
-                b.output, np.zeros(0, np.int64)
-            )
-            outidx[n_out : n_out + len(rows)] = rows
-            n_out += len(rows)
-            wanted.append(rows)
-            tables.append(table)
-            at_bt += len(table)
-            at += n
+            tables.append(table[:k])
+        at_bt = int(need.sum())
         if meta.ensure_bt(at_bt):
             self.graphs.clear()
-            return self._prepare(chunk, picks)
-        ends = np.cumsum([len(b.tokens) for b in chunk]) - 1
+        flat = np.concatenate(tables) if tables else np.zeros(0, np.int32)
+        if at_bt and (flat.min() < 0 or flat.max() >= kv.n_blocks):
+            raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
+        first_row = np.cumsum(lens) - lens
+        first_bt = np.cumsum(need) - need
+        seq = np.repeat(np.arange(n_seq), lens)  # the piece each row belongs to
+        pos = starts[seq] + np.arange(at) - first_row[seq]
+        btoff = first_bt[seq]
+        meta.field("ids")[:at] = tokens
+        meta.field("pos")[:at] = pos
+        meta.field("slots")[:at] = flat[btoff + pos // bs] * bs + pos % bs
+        meta.field("btoff")[:at] = btoff
+        meta.bt_host()[:at_bt] = flat
+        ends = first_row + lens - 1
+        none = np.zeros(0, np.int64)
+        wanted = [
+            ends[i : i + 1] if b.output == "last"
+            else np.arange(first_row[i], ends[i] + 1) if b.output == "all" else none
+            for i, b in enumerate(chunk)
+        ]  # fmt: skip
+        out = np.concatenate(wanted) if wanted else none
+        meta.field("outidx")[: len(out)] = out
         meta.set_picks(at, [(int(e), p) for e, p in zip(ends, picks or ()) if p is not None])
-        if tables:
-            meta.bt_host()[:at_bt] = np.concatenate(tables)
         return at, wanted, at_bt
 
-    def _run(self, chunk: list[SeqBatch], ids: bool, picks: list[Pick]) -> list:
+    def _launch(self, chunk: list[SeqBatch], ids: bool, picks: list[Pick]) -> Callable[[], list]:
+        """Run one piece; returns a function giving its rows. A graph-replayed decode step is
+        only queued: its function waits for the stream."""
         rows, wanted, n_bt = self._prepare(chunk, picks)
         self.meta.upload(n_bt, self.stream)
         plan, v = self.plan, self.spec.n_vocab
         one_each = rows == len(chunk)  # every piece is one token: decode rows
         if one_each and rows <= min(self.out_rows, 64) and self.use_graphs:
             self.graphs.run(rows, lambda: self._decode_step(rows))
-            return self._fetch(wanted, np.arange(rows), ids)
+            return lambda: self._fetch(wanted, np.arange(rows), ids)
         plan.layers_pass(rows, self.splits if rows <= 16 else 1, self.meta, self.kv, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         results = np.empty((len(order),) if ids else (len(order), v), np.int32 if ids
@@ -276,7 +314,8 @@ class HipRunner(Runner):
             g = min(self.out_rows, len(order) - g0)
             plan.output(g, self.meta.outidx + 4 * g0, self.meta.params if ids else None)
             self._copy_back(results[g0 : g0 + g], g, ids)
-        return self._split(wanted, results)
+        out = self._split(wanted, results)
+        return lambda: out
 
     def _decode_step(self, rows: int) -> None:
         """One decode step: logits into ws.logits and picked ids (argmax unless the row's
@@ -312,7 +351,7 @@ class HipRunner(Runner):
     # -- diagnostics -------------------------------------------------------------------------------
     def profile_decode(self, batch: list[SeqBatch]) -> dict[str, tuple[int, float]]:
         """Run one decode step launch by launch with events; {kernel: (launches, ms)}."""
-        self.rt.bind()
+        self._begin([])
         rows, _, n_bt = self._prepare(batch)
         self.meta.upload(n_bt, self.stream)
         self.launch.start_profile()
@@ -338,3 +377,27 @@ class HipRunner(Runner):
         if self._own_rt and getattr(self, "rt", None) is not None:
             self.rt.close()
             self.rt = None
+
+
+class _Deferred:
+    """A result computed once, on the first call or `settle()`; an error it raised is raised
+    again by every call."""
+
+    def __init__(self, compute: Callable[[], list]):
+        self._compute: Callable[[], list] | None = compute
+        self._result: list = []
+        self._error: BaseException | None = None
+
+    def settle(self) -> None:
+        if self._compute is not None:
+            compute, self._compute = self._compute, None
+            try:
+                self._result = compute()
+            except Exception as exc:  # kept for the caller that collects this step
+                self._error = exc
+
+    def __call__(self) -> list:
+        self.settle()
+        if self._error is not None:
+            raise self._error
+        return self._result
