@@ -5,7 +5,7 @@ engine costs from what `forge serve` adds (compare with benchmarks/load_server.p
     python benchmarks/engine_batch.py [--model GGUF] [--backend NAME] [--streams 1 8 32]
         [--split-ab]
 
---split-ab (hip): step times under AB_SETTINGS (decode products of 9-32 rows on mmq.hip's int8
+--split-ab (hip): step times under AB_SETTINGS (decode products of 2-32 rows on mmq.hip's int8
 tensor cores, plan.mmq, or on mmv.hip's 8-row kernels with x's rows split over blocks) and
 per-kernel event timings of the largest step.
 """
@@ -68,7 +68,7 @@ def step_profile(model, n: int, context: int = 32) -> dict[str, list]:
 AB_SETTINGS = {  # plan attributes of the --split-ab runs
     "mvq r8 kernels, x rows split over blocks (session 7)": {
         "mmq": False, "mvq_split": True, "mvq_max_work": 128 << 20, "att_fill": None},
-    "mmq: 9-32 rows on int8 tensor cores, attention splits up to the KV capacity": {
+    "mmq: 2-32 rows on int8 tensor cores, attention splits up to the KV capacity": {
         "mmq": True, "att_fill": None},
     "mmq, attention splits within 2 blocks per compute unit": {"mmq": True, "att_fill": 2},
     "mmq, attention splits within 1 block per compute unit": {"mmq": True, "att_fill": 1},

@@ -1,4 +1,4 @@
-// mmq.hip: decode products of 9..32 token rows on int8 tensor cores. y = x W^T + bias for the
+// mmq.hip: decode products of 2..32 token rows on int8 tensor cores. y = x W^T + bias for the
 // matrices of linear.hip's descriptors (mmv.hip's contract), with x already quantized by mmv.hip's
 // mvq_quant into xg (its layout and llama.cpp's roundings: a copy in blocks of 32 when need bit 0,
 // then one in blocks of 256 when bit 1). Types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K

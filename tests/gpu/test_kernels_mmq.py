@@ -1,4 +1,4 @@
-"""mmq.hip: decode products of 9..32 token rows on int8 tensor cores, against float64 references
+"""mmq.hip: decode products of 2..32 token rows on int8 tensor cores, against float64 references
 of the same int8-rounded activations (mmv.hip's mvq_quant); its shuffle-and-dp4a fragment path
 (the one AMD compiles) against the mma path bit for bit; and a runner's many-row decode steps on
 mmq against the same steps on mmv.hip's kernels."""
@@ -38,7 +38,7 @@ def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=No
                   [case.descs, 0, R, xq, K, need, items, ks, act])  # fmt: skip
 
 
-@pytest.mark.parametrize("R", [9, 16, 17, 32])
+@pytest.mark.parametrize("R", [2, 5, 9, 16, 17, 32])
 @pytest.mark.parametrize("type_name", sorted(MMQ_TYPES))
 def test_mmq_each_type(rt, lib, dev, type_name, R):
     """37 weight rows: a partial second 16-row tile, rows past N clamped; 3 blocks loop over the
@@ -81,7 +81,7 @@ def test_mmq_long_rows(rt, lib, dev, types, K, R):
         assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
 
 
-@pytest.mark.parametrize("R", [10, 32])
+@pytest.mark.parametrize("R", [3, 10, 32])
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K")],
                          ids="-".join)  # fmt: skip

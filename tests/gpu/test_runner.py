@@ -65,7 +65,9 @@ def test_mixed_batch_and_graph_decode_match_prefill(rt, golden_dir, name):
         assert runner.graphs.kernels, "decode steps were not captured"
         per_step = runner.graphs.kernels[3]
         print(f"{name}: {per_step} kernels per decode step ({runner.spec.n_layer} layers)")
-        assert per_step <= 7 * runner.spec.n_layer + 4  # one attention launch per layer
+        # one attention launch per layer; each product on mmq.hip (2-32 rows) after the
+        # launch quantizing its x
+        assert per_step <= 11 * runner.spec.n_layer + 5
     finally:
         runner.close()
 

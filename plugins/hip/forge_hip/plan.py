@@ -132,9 +132,11 @@ MVQ_SPLIT = True
 
 # mmq.hip: decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on int8 tensor cores, for these
 # types (the others stay on mmv.hip / gemm.hip). H200, gemma3 twin, 32-row step: the mvq r8 kernels'
-# dp4a work grows with every row (products 2.3 of 3.8 ms in event timings, session 8).
+# dp4a work grows with every row (products 2.3 of 3.8 ms in event timings, session 8). From 2
+# rows on (session 9): 2 / 4 / 8-row steps 0.93 / 1.16 / 1.23 -> 0.91 / 0.92 / 0.96 ms; one row
+# stays on mmv.hip (its quantized x in registers, no tile padding).
 MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
-MMQ_MIN_ROWS = 9
+MMQ_MIN_ROWS = 2
 MMQ_MAX_ROWS = 32
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
 MMQ_BLOCKS_PER_CU = 2  # mmq.hip's __launch_bounds__(256, 2): blocks resident per compute unit
@@ -324,7 +326,7 @@ class Plan:
         return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
 
     def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
-        """Products of 9..32 rows on int8 tensor cores (mmq.hip): x quantized once by mvq_quant,
+        """Products of 2..32 rows on int8 tensor cores (mmq.hip): x quantized once by mvq_quant,
         as the decode products round it, then one launch over the matrices (or the gated pair)."""
         mats = [p for p, _ in self.mats[first : first + count]]
         types = [p.type for p in mats]
