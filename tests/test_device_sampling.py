@@ -232,6 +232,6 @@ def test_hip_runner_writes_sampling_parameters(golden_dir):
     assert runner.forward_sample([long], [pick]) == [0]
     assert f["s_temp"][10].view(np.float32) == np.float32(0.7)
     assert not f["s_temp"][:10].any()
-    # 11 rows: the prefill path (attn_prefill.hip takes prefill rows past MV_MAX_ROWS)
-    assert {"qk_rope_store", "attn_prefill_128", "sample_rows"} <= {n for n, _, _ in rt.launches}
+    # 11 rows: the prefill path (qk_rope_store, then attn_rows up to plan.ATT_ROWS_MAX rows)
+    assert {"qk_rope_store", "attn_rows", "sample_rows"} <= {n for n, _, _ in rt.launches}
     runner.close()

@@ -127,11 +127,25 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     runner.allocate_kv(32, 16)
     n_layer = runner.spec.n_layer
     ids = np.arange(1, 41, dtype=np.int32)  # past plan.MVQ_MAX_ROWS: the prefill products
-    rows = runner.forward([SeqBatch(ids, 0, np.arange(3, dtype=np.int32), "all")])
-    assert rows[0].shape == (40, runner.spec.n_vocab)
+    table = np.arange(3, dtype=np.int32)
+    for rep in range(2):  # a prompt pass of up to PASS_GRAPH_ROWS rows: captured, replayed
+        rt.launches.clear()
+        rows = runner.forward([SeqBatch(ids, 0, table, "all")])
+        assert rows[0].shape == (40, runner.spec.n_vocab)
+        names = [n for n, cap in ((n, c) for n, _, c in rt.launches) if cap]
+        if rep == 0:
+            prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # F32: SIMT
+            assert prefill_kernel in names and "attn_rows" in names  # 40 rows: ATT_ROWS_MAX
+        else:
+            assert not names  # replayed; the output launches (not captured) stay
+        assert all(not cap for n, _, cap in rt.launches if n not in names)
+    assert runner.graphs.kernels[("pass", 40, False)] > 6 * n_layer
+    rt.launches.clear()
+    long = np.arange(1, 81, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
+    runner.forward([SeqBatch(long, 0, np.arange(5, 11, dtype=np.int32), "last")])
     assert not any(cap for _, _, cap in rt.launches)
-    prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # F32: SIMT float32
-    assert prefill_kernel in {n for n, _, _ in rt.launches}
+    assert {"qk_rope_store"} <= {n for n, _, _ in rt.launches}
+    assert "attn_rows" not in {n for n, _, _ in rt.launches}
     for step in range(3):
         rt.launches.clear()
         uploads = rt.uploads
@@ -149,7 +163,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before
     assert quants == (0 if name == "llama-f32.gguf" else 4 * n_layer + 1)
     assert per_step == 7 * n_layer + 4 + quants, per_step
-    assert rt.replays == 3
+    assert rt.replays == 2 + 3  # the prompt pass once, the decode steps three times
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live

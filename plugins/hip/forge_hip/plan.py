@@ -182,6 +182,11 @@ def mmq_items(ns: list[int], ks: int) -> int:
 # up to 16 splits (2,048 blocks): attention 457 us per step in the replayed graph; 2 blocks per
 # CU (2 splits) 378 us; 1 (one split, 128 blocks) 218 us.
 ATT_FILL = 1
+# Passes of prompt rows (or prompt and decode rows together) up to this many rows run attention
+# with attn_rows (blocks per head and row, splits over the KV length) instead of
+# attn_prefill.hip, whose blocks of 64 (token, head) pairs leave most SMs idle for a short
+# prompt (H200, gemma3 twin, 31 decode rows and a 20-token prompt: 18 launches, 1.96 ms).
+ATT_ROWS_MAX = 64
 
 MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
 
@@ -232,6 +237,7 @@ class Plan:
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self.mmq = True  # decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
         self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
+        self.att_rows_max = ATT_ROWS_MAX  # prefill passes up to this many rows: attn_rows
         self._head_norm: list | None = None  # the last add_norm, left to output()
         w = arena.placed
         embd = w["token_embd.weight"]
@@ -526,7 +532,7 @@ class Plan:
                   [ws.q, ws.k, ws.v, layer["q_norm"], layer["k_norm"], meta.pos, meta.slots, kc,
                    vc, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, *rope,
                    int(kv.f16)])  # fmt: skip
-                if rows <= MV_MAX_ROWS or not self._prefill_attention(rows, meta, kv, i):
+                if rows <= self.att_rows_max or not self._prefill_attention(rows, meta, kv, i):
                     L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
                       [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
                        ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,

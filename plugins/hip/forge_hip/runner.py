@@ -34,6 +34,11 @@ Pick = DeviceSampling | None
 DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gives none
 MAX_HEAD_DIM = 512  # attention.hip's LAYER_MAX_D
 SPLIT_LEN = 128  # attention.hip's ATT_SPLIT_MIN: positions per split at least
+# Passes of up to this many rows that are not decode steps (a prompt chunk, or prompt and decode
+# rows together: what a server runs when a request arrives) are graph-captured per row count
+# too: their launches depend on the row count alone, and launched one by one from Python they
+# cost about 14.5 us each against 2.8 in a graph (tests/gpu/test_runtime_graphs.py).
+PASS_GRAPH_ROWS = 64
 # sampling.hip's parameter fields, one int32 word per row each (doubles and the key: two words)
 SAMPLE_FIELDS = ("s_temp", "s_topk", "s_topp0", "s_topp1", "s_lminp0", "s_lminp1", "s_key0",
                  "s_key1", "s_ctr")  # fmt: skip
@@ -306,7 +311,13 @@ class HipRunner(Runner):
         if one_each and rows <= min(self.out_rows, 64) and self.use_graphs:
             self.graphs.run(rows, lambda: self._decode_step(rows))
             return lambda: self._fetch(wanted, np.arange(rows), ids)
-        plan.layers_pass(rows, self.splits if rows <= 16 else 1, self.meta, self.kv, one_each)
+        splits = self.splits if rows <= 16 else 1
+        if rows <= PASS_GRAPH_ROWS and self.use_graphs:
+            meta, kv = self.meta, self.kv
+            self.graphs.run(("pass", rows, one_each),
+                            lambda: plan.layers_pass(rows, splits, meta, kv, one_each))  # fmt: skip
+        else:
+            plan.layers_pass(rows, splits, self.meta, self.kv, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         results = np.empty((len(order),) if ids else (len(order), v), np.int32 if ids
                            else np.float32)  # fmt: skip
