@@ -1,9 +1,11 @@
 """Engine-only batching: decode step time of the runner for 1..N sequences, and aggregate
-tokens/s of the scheduler with N concurrent greedy requests, without HTTP. Separates what the
+tokens/s of the scheduler with N concurrent greedy requests, without HTTP: all started at once,
+and with turnover (each stream's next request starts when its last ends, as load_server's
+clients do, so new prompts are prefilled alongside running decoders). Separates what the
 engine costs from what `forge serve` adds (compare with benchmarks/load_server.py).
 
     python benchmarks/engine_batch.py [--model GGUF] [--backend NAME] [--streams 1 8 32]
-        [--split-ab]
+        [--split-ab] [--requests-per-stream 4]
 
 --split-ab (hip): step times under AB_SETTINGS (decode products of 2-32 rows on mmq.hip's int8
 tensor cores, plan.mmq, or on mmv.hip's 8-row kernels with x's rows split over blocks) and
@@ -16,6 +18,7 @@ import argparse
 import contextlib
 import json
 import queue
+import threading
 import time
 
 import numpy as np
@@ -127,6 +130,44 @@ def scheduler_tok_s(model, streams: int, max_tokens: int) -> float:
         sched.stop(10)
 
 
+def scheduler_turnover_tok_s(model, streams: int, max_tokens: int, requests: int) -> float:
+    """Like load_server's clients without HTTP: each of `streams` submits its next request (a
+    different prompt) the moment its previous one finishes, `requests` times; new prompts are
+    prefilled in steps shared with the running decoders."""
+    sched = Scheduler(model, max_batch=max(streams, 1), max_queue=4 * streams).start()
+    done = threading.Event()
+    left = [requests] * streams
+    counts = {"tokens": 0, "open": streams}
+    lock = threading.Lock()
+
+    def submit(i: int) -> None:
+        left[i] -= 1
+        prompt = f"Stream {i} request {requests - left[i]}: tell a story about"
+        state = model.start(prompt, max_tokens=max_tokens, temperature=0)
+        sched.submit(state, lambda m: finished(i, state) if isinstance(m, Finished) else None)
+
+    def finished(i: int, state) -> None:  # the scheduler thread
+        with lock:
+            counts["tokens"] += len(state.generated)
+            if left[i] > 0:
+                submit(i)
+                return
+            counts["open"] -= 1
+            if counts["open"] == 0:
+                done.set()
+
+    try:
+        t0 = time.perf_counter()
+        with lock:
+            for i in range(streams):
+                submit(i)
+        if not done.wait(600):
+            raise TimeoutError("turnover run did not finish")
+        return counts["tokens"] / (time.perf_counter() - t0)
+    finally:
+        sched.stop(10)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model")
@@ -135,6 +176,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--n-ctx", type=int, default=8192)
     p.add_argument("--split-ab", action="store_true")
+    p.add_argument("--requests-per-stream", type=int, default=4,
+                   help="turnover run: requests each stream makes one after another")  # fmt: skip
     args = p.parse_args()
     model = forge.load(args.model, backend=args.backend, n_ctx=args.n_ctx)
     if args.split_ab:
@@ -148,16 +191,21 @@ def main() -> None:
     for n in args.streams:
         ms = step_ms(model, n)
         tok_s = scheduler_tok_s(model, n, args.max_tokens)
+        turn = scheduler_turnover_tok_s(model, n, args.max_tokens, args.requests_per_stream)
         rows.append({"streams": n, "step_ms": round(ms, 3), "step_tok_s": round(n * 1e3 / ms, 1),
-                     "scheduler_tok_s": round(tok_s, 1)})  # fmt: skip
-    base = rows[0]["scheduler_tok_s"]
+                     "scheduler_tok_s": round(tok_s, 1),
+                     "turnover_tok_s": round(turn, 1)})  # fmt: skip
+    base, base_turn = rows[0]["scheduler_tok_s"], rows[0]["turnover_tok_s"]
     for r in rows:
         r["scheduler_x"] = round(r["scheduler_tok_s"] / base, 2)
+        r["turnover_x"] = round(r["turnover_tok_s"] / base_turn, 2)
     print(json.dumps({"backend": model.backend, "rows": rows}, indent=2))
-    print(f"\n{'streams':>7} {'step ms':>8} {'step tok/s':>10} {'sched tok/s':>11} {'x':>6}")
+    print(f"\n{'streams':>7} {'step ms':>8} {'step tok/s':>10} {'sched tok/s':>11} {'x':>6} "
+          f"{'turnover tok/s':>14} {'x':>6}")  # fmt: skip
     for r in rows:
         print(f"{r['streams']:>7} {r['step_ms']:>8.2f} {r['step_tok_s']:>10.1f} "
-              f"{r['scheduler_tok_s']:>11.1f} {r['scheduler_x']:>6.2f}")  # fmt: skip
+              f"{r['scheduler_tok_s']:>11.1f} {r['scheduler_x']:>6.2f} "
+              f"{r['turnover_tok_s']:>14.1f} {r['turnover_x']:>6.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

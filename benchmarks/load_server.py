@@ -147,12 +147,19 @@ CLIENTS_PER_PROCESS = 8
 PROMPT_ROOM = 64  # KV positions budgeted per request for its prompt (about 20 tokens here)
 
 
-def preemptions(url: str) -> int:
-    """The server's forge_preemptions gauge (sequences recomputed for lack of KV space)."""
+COUNTERS = {"forge_preemptions": "preemptions", "forge_steps": "steps",
+            "forge_prompt_steps": "prompt_steps"}  # fmt: skip
+
+
+def counters(url: str) -> dict[str, int]:
+    """The server's gauges that count: sequences preempted for KV space, forward passes, and
+    passes that held prompt tokens (each slows the decoders in it)."""
+    out = dict.fromkeys(COUNTERS.values(), 0)
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("forge_preemptions "):
-            return int(float(line.split()[1]))
-    return 0
+        name, _, value = line.partition(" ")
+        if name in COUNTERS:
+            out[COUNTERS[name]] = int(float(value))
+    return out
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -195,9 +202,9 @@ def main() -> int:
             run_level(url, n, warm)
         levels = []
         for n in args.levels:
-            before = preemptions(url)
+            before = counters(url)
             levels.append(run_level(url, n, args))
-            levels[-1]["preemptions"] = preemptions(url) - before
+            levels[-1].update({k: v - before[k] for k, v in counters(url).items()})
     finally:
         if proc is not None:
             proc.terminate()
@@ -211,11 +218,12 @@ def main() -> int:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
     print(f"\n{'streams':>7} {'requests':>8} {'tokens':>7} {'tok/s':>8} {'x':>6} "
-          f"{'ttft p50':>9} {'ttft p95':>9}")  # fmt: skip
+          f"{'ttft p50':>9} {'ttft p95':>9} {'steps':>6} {'prompt':>6}")  # fmt: skip
     for lv in levels:
         print(f"{lv['streams']:>7} {lv['requests']:>8} {lv['generated_tokens']:>7} "
               f"{lv['tokens_per_s']:>8.2f} {lv['speedup_vs_first']:>6.2f} "
-              f"{lv['ttft_p50_s']:>8.3f}s {lv['ttft_p95_s']:>8.3f}s")  # fmt: skip
+              f"{lv['ttft_p50_s']:>8.3f}s {lv['ttft_p95_s']:>8.3f}s {lv['steps']:>6} "
+              f"{lv['prompt_steps']:>6}")  # fmt: skip
     return 0
 
 

@@ -121,6 +121,7 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # forward passes run
+        self.prompt_steps = 0  # those holding prompt tokens (the decoders in them wait longer)
         self.preemptions = 0
         self.cancelled = 0  # sequences ended by cancel() (e.g. a client that went away)
 
@@ -153,6 +154,7 @@ class Scheduler:
             "running": len(self._running),
             "kv_usage": self.model.allocator.usage,
             "steps": self.steps,
+            "prompt_steps": self.prompt_steps,
             "preemptions": self.preemptions,
             "cancelled": self.cancelled,
         }
@@ -311,6 +313,7 @@ class Scheduler:
         sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
         runner = self.model.runner
         self.steps += 1
+        self.prompt_steps += any(n > 1 for _, n in plan)
         picks = _picks(runner, sampling)
         if picks is not None:
             collect = runner.start_sample(batch, [picks.get(id(b)) for b in batch])

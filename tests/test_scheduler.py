@@ -259,6 +259,7 @@ def test_host_work_overlaps_the_next_step(model, monkeypatch):
     assert state.generated == ref.tokens and len(events) == 4
     assert log == ["start", "collect"] + ["start", "take", "collect"] * 3 + ["take", "finished"]
     assert sched.steps == 4  # the prompt, then 3 of the 4 tokens fed (the 4th ends it)
+    assert sched.stats()["prompt_steps"] == 1
 
 
 def test_stop_strings_end_batched_sequences_like_single_ones(model, monkeypatch):

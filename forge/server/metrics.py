@@ -31,6 +31,8 @@ class Metrics:
             ("kv_usage", "forge_kv_cache_usage_ratio", "Fraction of KV cache blocks in use"),
             ("cancelled", "forge_cancelled_sequences", "Sequences cancelled so far (disconnects)"),
             ("preemptions", "forge_preemptions", "Sequences preempted for KV space so far"),
+            ("steps", "forge_steps", "Forward passes run so far"),
+            ("prompt_steps", "forge_prompt_steps", "Forward passes so far that held prompt tokens"),
         ):
             Gauge(name, doc, registry=r).set_function(lambda key=key: self._stat(key))
 
