@@ -1,4 +1,4 @@
-// mmq.hip: decode products of 2..32 token rows on int8 tensor cores. y = x W^T + bias for the
+// mmq.hip: products of 2..32 token rows on int8 tensor cores. y = x W^T + bias for the
 // matrices of linear.hip's descriptors (mmv.hip's contract), with x already quantized by mmv.hip's
 // mvq_quant into xg (its layout and llama.cpp's roundings: a copy in blocks of 32 when need bit 0,
 // then one in blocks of 256 when bit 1). Types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
@@ -16,11 +16,12 @@
 // Elsewhere than NVIDIA (or with MMQ_EMULATE defined) the same fragments are multiplied with warp
 // shuffles and dp4a, so one body serves both.
 //
-// mmq_multi_m<MT>(descs, first, count, R, xg, K, need, items, ks): descriptors first .. first +
-//   count - 1, which share x [R, K], R <= 16 MT. items: row groups of 16 * (8 / ks) rows over the
-//   matrices in turn (mmv.h mvq_item); block b takes items b, b + gridDim.x, ... block = 256
-//   threads; ks in {1, 2, 4, 8}.
-// mmq_glu_m<MT>(descs, first, R, xg, K, need, items, ks, act): y_gate = act(x Wg^T + bg) *
+// mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks): descriptors first ..
+//   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT, written to rows
+//   r0 .. r0 + R - 1 of each y (more rows: one launch per 32 with its own xg). items: row groups
+//   of 16 * (8 / ks) rows over the matrices in turn (mmv.h mvq_item); block b takes items b,
+//   b + gridDim.x, ... block = 256 threads; ks in {1, 2, 4, 8}.
+// mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act): y_gate = act(x Wg^T + bg) *
 //   (x Wu^T + bu) for descriptors first (gate) and first + 1 (up); act 0 SiLU, 1 GELU-tanh.
 #include "mmv.h"
 
@@ -401,8 +402,8 @@ FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, co
 }
 
 template <int MT, bool GLU>
-FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, const u8* xg, int K,
-                        int need, int items, int ks, int act) {
+FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, const u8* xg,
+                        int K, int need, int items, int ks, int act) {
     constexpr int NM = GLU ? 2 : 1, V = NM * MT * 8;  // accumulators per lane
     __shared__ float red[MMQ_WARPS - 1][V][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -463,7 +464,7 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, const u8*
                                 const float b = up.bias ? up.bias[n] : 0.0f;
                                 y = mvq_act(y, act) * (acc[NM - 1][i][j][e] + b);
                             }
-                            m.y[(i64)r * m.N + n] = y;
+                            m.y[(i64)(r0 + r) * m.N + n] = y;
                         }
                     }
                 }
@@ -474,16 +475,16 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, const u8*
 
 #define MMQ_KERNELS(MT)                                                                     \
     FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
-        mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R,         \
+        mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R, int r0, \
                         const u8* xg, int K, int need, int items, int ks) {                 \
         FORGE_GRID_WAIT();                                                                  \
-        mmq_body<MT, false>(descs, first, count, R, xg, K, need, items, ks, -1);            \
+        mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1);        \
     }                                                                                       \
     FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
-        mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, const u8* xg, int K, \
-                      int need, int items, int ks, int act) {                               \
+        mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, int r0, const u8* xg, \
+                      int K, int need, int items, int ks, int act) {                        \
         FORGE_GRID_WAIT();                                                                  \
-        mmq_body<MT, true>(descs, first, 2, R, xg, K, need, items, ks, act);                \
+        mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act);            \
     }
 MMQ_KERNELS(1)
 MMQ_KERNELS(2)

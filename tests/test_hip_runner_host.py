@@ -132,19 +132,21 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
         rt.launches.clear()
         rows = runner.forward([SeqBatch(ids, 0, table, "all")])
         assert rows[0].shape == (40, runner.spec.n_vocab)
-        names = [n for n, cap in ((n, c) for n, _, c in rt.launches) if cap]
+        names = [n for n, _, cap in rt.launches if cap]
         if rep == 0:
-            prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # F32: SIMT
-            assert prefill_kernel in names and "attn_rows" in names  # 40 rows: ATT_ROWS_MAX
+            # 40 rows: quantized types on mmq.hip (MMQ_MAX_ROWS), F32 on SIMT float32 tiles;
+            # attention by attn_rows (ATT_ROWS_MAX)
+            prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "mmq_multi_m2"
+            assert prefill_kernel in names and "attn_rows" in names
         else:
             assert not names  # replayed; the output launches (not captured) stay
-        assert all(not cap for n, _, cap in rt.launches if n not in names)
     assert runner.graphs.kernels[("pass", 40, False)] > 6 * n_layer
     rt.launches.clear()
     long = np.arange(1, 81, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
     runner.forward([SeqBatch(long, 0, np.arange(5, 11, dtype=np.int32), "last")])
     assert not any(cap for _, _, cap in rt.launches)
-    assert {"qk_rope_store"} <= {n for n, _, _ in rt.launches}
+    prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # past MMQ_MAX_ROWS
+    assert {"qk_rope_store", prefill_kernel} <= {n for n, _, _ in rt.launches}
     assert "attn_rows" not in {n for n, _, _ in rt.launches}
     for step in range(3):
         rt.launches.clear()
@@ -163,7 +165,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before
     assert quants == (0 if name == "llama-f32.gguf" else 4 * n_layer + 1)
     assert per_step == 7 * n_layer + 4 + quants, per_step
-    assert rt.replays == 2 + 3  # the prompt pass once, the decode steps three times
+    assert rt.replays == 2 + 3  # the prompt pass twice, the decode steps three times
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live
@@ -365,12 +367,12 @@ def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
     assert mmq_ks(256, ["Q4_K", "Q6_K"], [100, 100], 132) == 2  # Q6_K: 2 chunks of 128
 
 
-@pytest.mark.parametrize("rows", [2, 8, 12, 32])
+@pytest.mark.parametrize("rows", [2, 8, 12, 32, 48])
 def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
-    """2-32 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
-    one mmq launch (m1 up to 16 rows, m2 above) with its row groups and warp split as the plan
-    computes them; attention splits stop at ATT_FILL blocks per compute unit. plan.mmq off: the
-    mvq kernels."""
+    """2-64 rows of a model with mmq types: every product is, per 32 rows, x quantized once
+    (mvq_quant) then one mmq launch (m1 up to 16 rows, m2 above) writing those rows, with its
+    row groups and warp split as the plan computes them; attention splits stop at ATT_FILL
+    blocks per compute unit. plan.mmq off: the mvq kernels (or the prefill GEMM past 32)."""
     from forge_hip.plan import ATT_FILL, MMQ_WARPS, mmq_items
 
     rt = FakeRuntime()
@@ -386,19 +388,25 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
         runner.forward_argmax(batch)
         names = [n for n, _, _ in rt.launches]
         products = [n for n in names if n.startswith(("mmq_", "mvq_multi", "mvq_glu", "gemm"))]
-        assert len(products) == 4 * spec.n_layer + 1  # qkv, wo, gate/up, down; the head
         if not mmq:
             assert not any(n.startswith("mmq_") for n in products), products
             continue
-        mt = 1 if rows <= 16 else 2
-        assert set(products) == {f"mmq_multi_m{mt}", f"mmq_glu_m{mt}"}, set(products)
+        halves = [(r0, min(32, rows - r0)) for r0 in range(0, rows, 32)]
+        # qkv, wo, gate/up, down; the head, each once per 32 rows
+        assert len(products) == (4 * spec.n_layer + 1) * len(halves)
+        mts = {1 if n <= 16 else 2 for _, n in halves}
+        assert set(products) == {f"mmq_{k}_m{mt}" for k in ("multi", "glu") for mt in mts}
         before = [names[names.index(p, i) - 1] for i, p in enumerate(names) if p in products]
         assert names.count("mvq_quant") == len(products) and set(before) == {"mvq_quant"}
+        seen = set()
         for name, args in rt.launch_args:
             if name.startswith("mmq_multi"):
-                first, count, r, items, ks = args[1], args[2], args[3], args[7], args[8]
+                first, count, r, r0 = args[1:5]
+                items, ks = args[8], args[9]
                 ns = [int(plan.descs[first + j][6]) for j in range(count)]
-                assert r == rows and ks in (1, 2, 4, 8) and items == mmq_items(ns, ks)
+                assert (r0, r) in halves and ks in (1, 2, 4, 8) and items == mmq_items(ns, ks)
+                seen.add(r0)
+        assert seen == {r0 for r0, _ in halves}
         grids = [g for n, g, _ in rt.launches if n.startswith("attn_decode")]
         want = min(runner.splits, ATT_FILL * rt.props.compute_units // (rows * spec.n_head))
         assert grids and all(g == (spec.n_head, rows, max(1, want)) for g in grids), grids

@@ -161,12 +161,15 @@ class MvqCase:
         return self.dev.get(self.y[j], (self.R, self.W[j].shape[0]))
 
 
-def quantize_x(rt, lib, dev, case: MvqCase, need: int):
-    """The case's x rounded to int8 by mvq_quant into a poisoned buffer (mmv.hip's layout)."""
-    R, K = case.R, case.K
+def quantize_x(rt, lib, dev, case: MvqCase, need: int, r0: int = 0, rows: int | None = None):
+    """Rows r0 .. r0 + rows - 1 (default: all) of the case's x rounded to int8 by mvq_quant into
+    a poisoned buffer (mmv.hip's layout)."""
+    K = case.K
+    R = case.R - r0 if rows is None else rows
     xq = dev.poisoned(mvq_xbytes(need, R, K))
     tasks = R * -(-K // 256)
-    rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,), [case.xbuf, xq, K, R, need])
+    rt.launch(lib.get("mvq_quant"), (-(-tasks // 8),), (MVQ_THREADS,),
+              [case.xbuf.ptr + 4 * r0 * K, xq, K, R, need])  # fmt: skip
     return xq
 
 

@@ -1,13 +1,21 @@
-"""mmq.hip: decode products of 2..32 token rows on int8 tensor cores, against float64 references
-of the same int8-rounded activations (mmv.hip's mvq_quant); its shuffle-and-dp4a fragment path
-(the one AMD compiles) against the mma path bit for bit; and a runner's many-row decode steps on
-mmq against the same steps on mmv.hip's kernels."""
+"""mmq.hip: products of 2..64 token rows (32 per launch) on int8 tensor cores, against float64
+references of the same int8-rounded activations (mmv.hip's mvq_quant); its shuffle-and-dp4a
+fragment path (the one AMD compiles) against the mma path bit for bit; and a runner's many-row
+decode steps on mmq against the same steps on mmv.hip's kernels."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from forge_hip.plan import MMQ_TYPES, MVQ_THREADS, mmq_items, mmq_ks, mmq_tiles, mvq_need
+from forge_hip.plan import (
+    MMQ_LAUNCH_ROWS,
+    MMQ_TYPES,
+    MVQ_THREADS,
+    mmq_items,
+    mmq_ks,
+    mmq_tiles,
+    mvq_need,
+)
 from forge_hip.sources import load_source
 
 from forge.backend import SeqBatch
@@ -18,27 +26,30 @@ from tests.gpu.test_runner import _runner
 
 
 def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None):
-    """x quantized by mvq_quant, then mmq_multi (act None) or mmq_glu over the case's matrices
-    as forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
+    """Per 32 rows of x (MMQ_LAUNCH_ROWS), those rows quantized by mvq_quant into a poisoned
+    buffer, then mmq_multi (act None) or mmq_glu over the case's matrices writing them, as
+    forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
     (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip)."""
     types, R, K = case.types, case.R, case.K
     need = mvq_need(types)
-    xq = quantize_x(rt, lib, dev, case, need)
     ns = [w.shape[0] for w in case.W][: 1 if act is not None else None]
     ks = ks or mmq_ks(K, types, ns, rt.props.compute_units)
     items = mmq_items(ns, ks)
     grid = min(grid or items, items)
-    mt = mmq_tiles(R)
     get = get or lib.get
-    if act is None:
-        rt.launch(get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
-                  [case.descs, 0, len(types), R, xq, K, need, items, ks])  # fmt: skip
-    else:
-        rt.launch(get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
-                  [case.descs, 0, R, xq, K, need, items, ks, act])  # fmt: skip
+    for r0 in range(0, R, MMQ_LAUNCH_ROWS):
+        n = min(MMQ_LAUNCH_ROWS, R - r0)
+        xq = quantize_x(rt, lib, dev, case, need, r0, n)
+        mt = mmq_tiles(n)
+        if act is None:
+            rt.launch(get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
+                      [case.descs, 0, len(types), n, r0, xq, K, need, items, ks])  # fmt: skip
+        else:
+            rt.launch(get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
+                      [case.descs, 0, n, r0, xq, K, need, items, ks, act])  # fmt: skip
 
 
-@pytest.mark.parametrize("R", [2, 5, 9, 16, 17, 32])
+@pytest.mark.parametrize("R", [2, 5, 9, 16, 17, 32, 45, 64])
 @pytest.mark.parametrize("type_name", sorted(MMQ_TYPES))
 def test_mmq_each_type(rt, lib, dev, type_name, R):
     """37 weight rows: a partial second 16-row tile, rows past N clamped; 3 blocks loop over the
@@ -81,7 +92,7 @@ def test_mmq_long_rows(rt, lib, dev, types, K, R):
         assert rel_err(case.out(j), case.ref(j)) < 1e-5, types[j]
 
 
-@pytest.mark.parametrize("R", [3, 10, 32])
+@pytest.mark.parametrize("R", [3, 10, 32, 51])
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0"), ("Q4_K", "Q6_K")],
                          ids="-".join)  # fmt: skip
@@ -97,14 +108,15 @@ def test_mmq_shuffle_fragments_match_mma_bit_for_bit(rt, lib, dev):
     (what AMD compiles): the int32 block sums are exact either way, so every output is equal."""
     binary = rt.compile(load_source("mmq.hip"), "mmq.hip", ["-DMMQ_EMULATE"])
     module = rt.load(binary)
-    sigs = {"mmq_multi_m": "piiipiiii", "mmq_glu_m": "piipiiiii"}
+    sigs = {"mmq_multi_m": "piiiipiiii", "mmq_glu_m": "piiipiiiii"}
 
     def emulated(name):
         return rt.function(module, name, sigs[name.rstrip("12")])
 
     rng = np.random.default_rng()
     for types, R, act in [(("Q4_K", "Q6_K", "Q8_0"), 32, None), (("Q5_0", "Q4_1"), 13, None),
-                          (("Q5_K", "Q5_1"), 20, None), (("Q4_0", "Q4_0"), 17, 1)]:  # fmt: skip
+                          (("Q5_K", "Q5_1"), 20, None), (("Q4_0", "Q4_0"), 17, 1),
+                          (("Q4_K", "Q4_K"), 40, 0)]:  # fmt: skip
         ns = [53, 53] if act is not None else [37, 50, 19][: len(types)]
         case = MvqCase(dev, rng, types, R, mvq_k(types), ns, bias=True)
         launch_mmq(rt, lib, dev, case, act=act)
@@ -116,11 +128,12 @@ def test_mmq_shuffle_fragments_match_mma_bit_for_bit(rt, lib, dev):
 
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen3-q4_k_m.gguf", "llama-q8_0.gguf"])
 def test_many_row_decode_step_matches_one_row_steps(rt, golden_dir, name):
-    """Decode steps of 12 and 32 sequences on mmq.hip against each sequence's own one-row step
-    (mmv.hip). Both round x to the same int8 blocks and sum blocks exactly, so a row agrees to
-    float32 summation order, unless that order flips one int8 rounding of a later layer's
-    activations (a step of 1/127 of a block's peak): then the row still meets the golden bounds
-    and greedy picks differ only at near ties. mmq must have run."""
+    """Decode steps of 12, 32 and 48 sequences (48: two launches per product) on mmq.hip
+    against each sequence's own one-row step (mmv.hip). Both round x to the same int8 blocks and
+    sum blocks exactly, so a row agrees to float32 summation order, unless that order flips one
+    int8 rounding of a later layer's activations (a step of 1/127 of a block's peak): then the
+    row still meets the golden bounds and greedy picks differ only at near ties. mmq must have
+    run."""
     runner = _runner(rt, golden_dir, name)
     runner.plan.round_prefill = True
     launched = []
@@ -133,7 +146,7 @@ def test_many_row_decode_step_matches_one_row_steps(rt, golden_dir, name):
     runner.plan.launch = record
     try:
         rng = np.random.default_rng()
-        for n in (12, 32):
+        for n in (12, 32, 48):
             runner.allocate_kv(n, 16)  # one 16-position block per sequence
             seqs = [rng.integers(1, runner.spec.n_vocab, size=6).astype(np.int32) for _ in range(n)]
             tables = [np.array([i], np.int32) for i in range(n)]

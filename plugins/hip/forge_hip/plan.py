@@ -130,14 +130,15 @@ MVQ_SPLIT_RM = 8
 MVQ_SPLIT = True
 
 
-# mmq.hip: decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on int8 tensor cores, for these
+# mmq.hip: products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on int8 tensor cores, for these
 # types (the others stay on mmv.hip / gemm.hip). H200, gemma3 twin, 32-row step: the mvq r8 kernels'
 # dp4a work grows with every row (products 2.3 of 3.8 ms in event timings, session 8). From 2
 # rows on (session 9): 2 / 4 / 8-row steps 0.93 / 1.16 / 1.23 -> 0.91 / 0.92 / 0.96 ms; one row
 # stays on mmv.hip (its quantized x in registers, no tile padding).
 MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 MMQ_MIN_ROWS = 2
-MMQ_MAX_ROWS = 32
+MMQ_MAX_ROWS = 64  # up to 32 rows per launch (mmq_tiles); 33-64: two launches, weights from L2
+MMQ_LAUNCH_ROWS = 32
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
 MMQ_BLOCKS_PER_CU = 2  # mmq.hip's __launch_bounds__(256, 2): blocks resident per compute unit
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
@@ -235,7 +236,7 @@ class Plan:
         self.mvq_split = MVQ_SPLIT
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
-        self.mmq = True  # decode products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
+        self.mmq = True  # products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
         self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
         self.att_rows_max = ATT_ROWS_MAX  # prefill passes up to this many rows: attn_rows
         self._head_norm: list | None = None  # the last add_norm, left to output()
@@ -332,24 +333,28 @@ class Plan:
         return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
 
     def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
-        """Products of 2..32 rows on int8 tensor cores (mmq.hip): x quantized once by mvq_quant,
-        as the decode products round it, then one launch over the matrices (or the gated pair)."""
+        """Products of 2..64 rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS rows, x
+        quantized once by mvq_quant, as the decode products round it, then one launch over the
+        matrices (or the gated pair) writing those rows of y."""
         mats = [p for p, _ in self.mats[first : first + count]]
         types = [p.type for p in mats]
         k, need = mats[0].k, mvq_need(types)
-        xg = self._quantize_x(self.descs[first][1], k, rows, need)
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
         cus = self.lib.runtime.props.compute_units
         ks = mmq_ks(k, types, ns, cus)
         items = mmq_items(ns, ks)
         grid = even_grid(items, MMQ_BLOCKS_PER_CU * cus)
-        mt = mmq_tiles(rows)
-        if act is None:
-            self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
-                        [self.ws.descs, first, count, rows, xg, k, need, items, ks])  # fmt: skip
-        else:
-            self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
-                        [self.ws.descs, first, rows, xg, k, need, items, ks, act])  # fmt: skip
+        descs, tail = self.ws.descs, [k, need, items, ks]
+        for r0 in range(0, rows, MMQ_LAUNCH_ROWS):
+            n = min(MMQ_LAUNCH_ROWS, rows - r0)
+            xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
+            mt = mmq_tiles(n)
+            if act is None:
+                self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
+                            [descs, first, count, n, r0, xg, *tail])  # fmt: skip
+            else:
+                self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
+                            [descs, first, n, r0, xg, *tail, act])  # fmt: skip
 
     def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
         """x [rows, k] rounded to int8 once into ws.xq (mvq_quant, mmv.hip's layout); ws.xq."""
