@@ -61,7 +61,7 @@ class SequenceState:
     @property
     def is_greedy(self) -> bool:
         """True when the pick depends on the argmax alone (a device may pick for us)."""
-        return self.sampler.chain == ["greedy"] and not self.logprobs
+        return self.sampler.chain == ["greedy"] and self.logprobs is None
 
     def ends_with(self, token: int) -> bool:
         """True when taking `token` next certainly ends the sequence: an end-of-generation

@@ -83,9 +83,10 @@ class _Request:
 
 @dataclass
 class _Started:
-    """A step the runner is computing: the requests it picks tokens for, and how to get them."""
+    """A step the runner is computing: the requests it picks tokens for with their rows of the
+    batch, and how to get the batch's tokens (one per row, None where no row was sampled)."""
 
-    sampling: list[_Request]
+    sampling: list[tuple[_Request, int]]
     collect: Callable[[], list[int | None]]
 
 
@@ -255,9 +256,10 @@ class Scheduler:
         Returns those requests (their tokens are still to be taken)."""
         tokens = started.collect()
         picked = []
-        for request, token in zip(started.sampling, tokens):
+        for request, row in started.sampling:
             if request.state.finished:  # ended while the step ran: its row is dropped
                 continue
+            token = tokens[row]
             request.picked = token
             request.pending = [token]
             picked.append(request)
@@ -317,11 +319,14 @@ class Scheduler:
         picks = _picks(runner, sampling)
         if picks is not None:
             collect = runner.start_sample(batch, [picks.get(id(b)) for b in batch])
-            return _Started([r for r, _ in sampling], collect)
+            row = {id(b): i for i, b in enumerate(batch)}
+            return _Started([(r, row[id(b)]) for r, b in sampling], collect)
         self._take(picked)
         picked.clear()
         rows = {id(b): out for b, out in zip(batch, runner.forward(batch))}
         for request, b in sampling:
+            if request.state.finished:  # a stop string found by the take just above
+                continue
             event = request.state.step(rows[id(b)][-1])
             request.pending = [event.token]
             _deliver(request, event)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -298,3 +299,54 @@ def test_seeded_device_sampling_overlapped_equals_single(model, monkeypatch):
         sched.stop(5)
     assert [s.generated for _, _, s in subs] == refs
     assert len({tuple(r) for r in refs}) == 4
+
+
+def test_sampled_rows_after_a_prompt_chunk_get_their_own_tokens(model, monkeypatch):
+    """A batch [decoding, prompt chunk without output, one-token prompt]: each sampled row's
+    token goes to its own sequence (the runner returns one entry per batch row)."""
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    long_prompt = [int(t) for t in np.random.default_rng(2).integers(3, model.n_vocab, 100)]
+    one = [int(model.tokenize("cat", add_special=False)[0])]
+    prompts = [PROMPTS[0], long_prompt, one]
+    refs = [model.complete(p, max_tokens=6, temperature=0).tokens for p in prompts]
+    sched = Scheduler(model, max_batch=4, prefill_chunk=40)  # the first step holds all three
+    subs = [_submit(sched, model, p, max_tokens=6) for p in prompts]
+    sched.start()
+    try:
+        results = [_drain(q)[1] for _, q, _ in subs]
+    finally:
+        sched.stop(5)
+    assert [r.finish_reason for r in results] != ["error"] * 3, results[0].error
+    assert [s.generated for _, _, s in subs] == refs
+
+
+def test_a_stop_string_taken_before_a_host_sampled_step_ends_its_sequence_once(model, monkeypatch):
+    """Greedy A's tokens are picked by the runner; B (logprobs: sampled on the host) finishes
+    its prompt in the step that takes the token completing A's stop string. A ends there with
+    exactly the single-sequence text and one Finished; B is unaffected."""
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    full = model.complete(PROMPTS[1], max_tokens=12, temperature=0)
+    stop = full.text[len(full.text) // 2 :][:2]
+    ref_a = model.complete(PROMPTS[1], max_tokens=12, temperature=0, stop=[stop])
+    k = len(ref_a.tokens)  # taking A's k-th token finds the stop string
+    assert ref_a.finish_reason == "stop" and 1 < k < 12
+    n_a = len(model.tokenize(PROMPTS[1]))
+    chunk = 16
+    # B's last prompt chunk rides in step k + 1, the step whose start takes A's k-th token
+    b_len = (chunk - n_a) + chunk * (k - 1) + 5
+    b_prompt = [int(t) for t in np.random.default_rng(3).integers(3, model.n_vocab, b_len)]
+    ref_b = model.complete(b_prompt, max_tokens=3, temperature=0, logprobs=0)
+    sched = Scheduler(model, max_batch=4, prefill_chunk=chunk)
+    _, qa, sa = _submit(sched, model, PROMPTS[1], max_tokens=12, stop=[stop])
+    _, qb, sb = _submit(sched, model, b_prompt, max_tokens=3, logprobs=0)
+    sched.start()
+    try:
+        events_a, fin_a = _drain(qa)
+        events_b, fin_b = _drain(qb)
+        time.sleep(0.2)
+        assert qa.empty()  # one Finished, nothing after it
+    finally:
+        sched.stop(5)
+    assert "".join(e.text for e in events_a) == ref_a.text and fin_a.finish_reason == "stop"
+    assert sa.generated == ref_a.tokens and sb.generated == ref_b.tokens
+    assert all(e.logprob is not None for e in events_b)  # logprobs=0: the chosen token's

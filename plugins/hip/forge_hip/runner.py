@@ -152,6 +152,7 @@ class HipRunner(Runner):
 
     # -- cache -------------------------------------------------------------------------------------
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+        self._settle()  # a started step may still write the cache being replaced
         self.rt.bind()
         if self.kv is not None:
             self.kv.close()
@@ -194,13 +195,17 @@ class HipRunner(Runner):
     def _begin(self, batch: list[SeqBatch]) -> list[tuple[list[SeqBatch], list[int]]]:
         """Settle a started step's results (they are read before anything overwrites them),
         then cut `batch` into pieces (`_chunks`)."""
-        started, self._unfetched = self._unfetched, None
-        if started is not None:
-            started.settle()
+        self._settle()
         self.rt.bind()
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
         return list(self._chunks(batch))
+
+    def _settle(self) -> None:
+        """Read a started step's results now (its pass is done before this returns)."""
+        started, self._unfetched = getattr(self, "_unfetched", None), None
+        if started is not None:
+            started.settle()
 
     def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None) -> list:
         """Logits (ids False) or picked token ids (ids True: argmax unless `picks` says how)
@@ -225,8 +230,8 @@ class HipRunner(Runner):
     def _chunks(self, batch: list[SeqBatch]):
         """Cut the batch into pieces of at most ROW_CAP token rows (a sequence may be split:
         its later piece sees the earlier one's K/V, written first)."""
-        if sum(len(b.tokens) for b in batch) <= ROW_CAP:  # one piece: the batch as it is
-            if batch:
+        if sum(len(b.tokens) for b in batch) <= ROW_CAP and all(len(b.tokens) for b in batch):
+            if batch:  # one piece: the batch as it is
                 yield batch, list(range(len(batch)))
             return
         cur: list[SeqBatch] = []
@@ -312,7 +317,7 @@ class HipRunner(Runner):
             self.graphs.run(rows, lambda: self._decode_step(rows))
             return lambda: self._fetch(wanted, np.arange(rows), ids)
         splits = self.splits if rows <= 16 else 1
-        if rows <= PASS_GRAPH_ROWS and self.use_graphs:
+        if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
             meta, kv = self.meta, self.kv
             self.graphs.run(("pass", rows, one_each),
                             lambda: plan.layers_pass(rows, splits, meta, kv, one_each))  # fmt: skip
@@ -378,6 +383,8 @@ class HipRunner(Runner):
         }
 
     def close(self) -> None:
+        if getattr(self, "rt", None) is not None:
+            self._settle()  # nothing may still run on the buffers freed below
         for part in ("meta", "kv", "ws", "arena"):
             obj = getattr(self, part, None)
             if obj is not None:
