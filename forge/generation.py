@@ -67,12 +67,11 @@ class SequenceState:
         """True when taking `token` next certainly ends the sequence: an end-of-generation
         token, max_tokens, or the context full (a stop string needs the text: only `take` finds
         it)."""
-        n = len(self.generated) + 1
-        return (
-            token in self.tokenizer.eog_ids
-            or n >= self.max_tokens
-            or len(self.prompt) + n >= self.n_ctx
-        )
+        return token in self.tokenizer.eog_ids or self._full(len(self.generated) + 1)
+
+    def _full(self, n_generated: int) -> bool:
+        """Whether `n_generated` tokens reach max_tokens or fill the context."""
+        return n_generated >= self.max_tokens or len(self.prompt) + n_generated >= self.n_ctx
 
     def device_pick(self, ahead: int = 0) -> DeviceSampling | None:
         """How a device may pick this sequence's next token (`Runner.forward_sample`), or None
@@ -113,11 +112,8 @@ class SequenceState:
         if token in self.tokenizer.eog_ids:
             return TokenEvent(token, self._finish("stop"))
         text = self._release(self._decoder.push(token))
-        if self.finish_reason is None:
-            if len(self.generated) >= self.max_tokens:
-                text += self._finish("length")
-            elif len(self.prompt) + len(self.generated) >= self.n_ctx:
-                text += self._finish("length")
+        if self.finish_reason is None and self._full(len(self.generated)):
+            text += self._finish("length")
         return TokenEvent(token, text)
 
     def cancel(self, reason: str = "cancelled") -> None:

@@ -312,22 +312,22 @@ class Scheduler:
                                   "last" if last else "none"))  # fmt: skip
             request.cached += n
             del request.pending[:n]
-        sampling = [(r, b) for (r, _), b in zip(plan, batch) if b.output == "last"]
+        # (request, its row of the batch) for the rows whose next token is picked
+        sampling = [(r, i) for i, ((r, _), b) in enumerate(zip(plan, batch)) if b.output == "last"]
         runner = self.model.runner
         self.steps += 1
         self.prompt_steps += any(n > 1 for _, n in plan)
         picks = _picks(runner, sampling)
         if picks is not None:
-            collect = runner.start_sample(batch, [picks.get(id(b)) for b in batch])
-            row = {id(b): i for i, b in enumerate(batch)}
-            return _Started([(r, row[id(b)]) for r, b in sampling], collect)
+            per_row = [picks.get(i) for i in range(len(batch))]
+            return _Started(sampling, runner.start_sample(batch, per_row))
         self._take(picked)
         picked.clear()
-        rows = {id(b): out for b, out in zip(batch, runner.forward(batch))}
-        for request, b in sampling:
+        outs = runner.forward(batch)
+        for request, row in sampling:
             if request.state.finished:  # a stop string found by the take just above
                 continue
-            event = request.state.step(rows[id(b)][-1])
+            event = request.state.step(outs[row][-1])
             request.pending = [event.token]
             _deliver(request, event)
             if request.state.finished:
@@ -386,15 +386,15 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
 
 
 def _picks(runner, sampling: list) -> dict | None:
-    """{id(batch row): DeviceSampling} when the runner may pick every sampling row's token:
+    """{batch row: DeviceSampling} when the runner may pick every sampling row's token:
     all greedy (any runner takes the argmax), or a runner that samples on the device and chains
     `DeviceSampling` expresses. None when the host must sample. A request whose previous token
     is not taken yet draws with the next counter."""
     if all(r.state.is_greedy for r, _ in sampling):
-        return {id(b): _ARGMAX for _, b in sampling}
+        return {i: _ARGMAX for _, i in sampling}
     if not getattr(runner, "samples_on_device", False):
         return None
-    picks = {id(b): r.state.device_pick(ahead=int(r.picked is not None)) for r, b in sampling}
+    picks = {i: r.state.device_pick(ahead=int(r.picked is not None)) for r, i in sampling}
     return picks if all(p is not None for p in picks.values()) else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from forge_hip.library import KERNELS
 from forge_hip.plan import (
     MMQ_LAUNCH_ROWS,
     MMQ_TYPES,
@@ -108,10 +109,9 @@ def test_mmq_shuffle_fragments_match_mma_bit_for_bit(rt, lib, dev):
     (what AMD compiles): the int32 block sums are exact either way, so every output is equal."""
     binary = rt.compile(load_source("mmq.hip"), "mmq.hip", ["-DMMQ_EMULATE"])
     module = rt.load(binary)
-    sigs = {"mmq_multi_m": "piiiipiiii", "mmq_glu_m": "piiipiiiii"}
 
     def emulated(name):
-        return rt.function(module, name, sigs[name.rstrip("12")])
+        return rt.function(module, name, KERNELS[name][1])
 
     rng = np.random.default_rng()
     for types, R, act in [(("Q4_K", "Q6_K", "Q8_0"), 32, None), (("Q5_0", "Q4_1"), 13, None),

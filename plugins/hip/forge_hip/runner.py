@@ -181,12 +181,11 @@ class HipRunner(Runner):
             raise ForgeRuntimeError(f"{len(picks)} picks for a batch of {len(batch)}")
         lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
                  for b, p in zip(batch, picks)]  # fmt: skip
-        chunks = self._begin(lasts)
-        if len(chunks) == 1 and len(chunks[0][0]) == len(batch):  # one piece per sequence
-            fetch = self._launch(chunks[0][0], True, [p if b.output == "last" else None
-                                                      for b, p in zip(lasts, picks)])  # fmt: skip
+        pieces = self._begin(lasts)
+        if len(pieces) == 1 and len(pieces[0][0]) == len(batch):  # one piece per sequence
+            fetch = self._launch(pieces[0][0], True, picks)
         else:
-            rows = self._forward(lasts, ids=True, picks=picks)
+            rows = self._forward(lasts, ids=True, picks=picks, pieces=pieces)
             fetch = lambda: rows  # noqa: E731
         self._unfetched = _Deferred(lambda: [None if p is None else int(r[-1])
                                              for r, p in zip(fetch(), picks)])  # fmt: skip
@@ -207,11 +206,12 @@ class HipRunner(Runner):
         if started is not None:
             started.settle()
 
-    def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None) -> list:
+    def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None,
+                 pieces: list | None = None) -> list:  # fmt: skip
         """Logits (ids False) or picked token ids (ids True: argmax unless `picks` says how)
-        of the rows each sequence's `output` asks for."""
+        of the rows each sequence's `output` asks for. `pieces`: `_begin(batch)`, if taken."""
         parts: list[list[np.ndarray]] = [[] for _ in batch]
-        for chunk, owners in self._begin(batch):
+        for chunk, owners in pieces if pieces is not None else self._begin(batch):
             how = [picks[o] if picks and b.output == "last" else None
                    for b, o in zip(chunk, owners)]  # fmt: skip
             for owner, rows in zip(owners, self._launch(chunk, ids, how)()):
