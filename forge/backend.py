@@ -161,6 +161,11 @@ class Runner(ABC):
         tokens = self.forward_sample(batch, picks)
         return lambda: tokens
 
+    def prepare_batches(self, max_seqs: int) -> None:  # noqa: B027 - optional hook
+        """Called by a scheduler (after `allocate_kv`) before it runs anything: get ready for
+        steps of up to `max_seqs` sequences now rather than during the first requests (a GPU
+        runner captures the graphs it will replay). Nothing by default."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free device memory. Safe to call twice."""
 

@@ -128,7 +128,10 @@ class Scheduler:
 
     # -- public API (any thread) ---------------------------------------------------------------
     def start(self) -> Scheduler:
+        """Get the runner ready for batches of up to `max_batch` sequences
+        (`Runner.prepare_batches`: a GPU captures its graphs now), then start the thread."""
         if self._thread is None:
+            self.model.runner.prepare_batches(self.max_batch)
             self._thread = threading.Thread(target=self._loop, name="forge-scheduler", daemon=True)
             self._thread.start()
         return self

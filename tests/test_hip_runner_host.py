@@ -142,8 +142,8 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
             assert not names  # replayed; the output launches (not captured) stay
     assert runner.graphs.kernels[("pass", 40, False)] > 6 * n_layer
     rt.launches.clear()
-    long = np.arange(1, 81, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
-    runner.forward([SeqBatch(long, 0, np.arange(5, 11, dtype=np.int32), "last")])
+    long = np.arange(1, 141, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
+    runner.forward([SeqBatch(long, 0, np.arange(5, 14, dtype=np.int32), "last")])
     assert not any(cap for _, _, cap in rt.launches)
     prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # past MMQ_MAX_ROWS
     assert {"qk_rope_store", prefill_kernel} <= {n for n, _, _ in rt.launches}
@@ -169,6 +169,32 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live
+
+
+def test_prepared_batches_replay_without_capturing(golden_dir):
+    """prepare_batches captures every decode step of up to max_seqs rows and every pass of up
+    to PASS_GRAPH_ROWS rows, running nothing; the steps a scheduler then runs (decode, a prompt
+    beside decode rows) launch nothing from Python, and a block-table buffer sized for the whole
+    cache keeps the graphs valid for any batch."""
+    from forge_hip.runner import PASS_GRAPH_ROWS
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(64, 16)
+    runner.prepare_batches(6)
+    assert not rt.replays and not any(not cap for _, _, cap in rt.launches)
+    keys = set(runner.graphs.graphs)
+    assert keys == set(range(1, 7)) | {("pass", r, False) for r in range(2, PASS_GRAPH_ROWS + 1)}
+    rt.launches.clear()
+    tables = [np.arange(i * 10, i * 10 + 10, dtype=np.int32) for i in range(6)]
+    decode = [SeqBatch(np.array([3 + i], np.int32), 100 + i, t) for i, t in enumerate(tables)]
+    runner.forward_argmax(decode)  # 6 rows, 60 block-table entries
+    prompt = SeqBatch(np.arange(1, 91, dtype=np.int32), 0, tables[5])
+    runner.forward_argmax(decode[:5] + [prompt])  # 95 rows
+    runner.forward_argmax(decode[:1])
+    assert set(runner.graphs.graphs) == keys and rt.replays == 3
+    assert not [n for n, _, cap in rt.launches if cap], "a graph was captured while serving"
+    runner.close()
 
 
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])

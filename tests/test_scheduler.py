@@ -108,6 +108,9 @@ class _Spy:
         self.batches.append([(len(b.tokens), b.output) for b in batch])
         return self.runner.start_sample(batch, picks)
 
+    def prepare_batches(self, max_seqs):
+        self.runner.prepare_batches(max_seqs)
+
 
 def test_prefill_is_chunked_and_does_not_starve_decode(model, monkeypatch):
     spy = _Spy(model.runner)
@@ -226,6 +229,9 @@ class _Deferring:
     def forward_sample(self, batch, picks):
         return self.runner.forward_sample(batch, picks)
 
+    def prepare_batches(self, max_seqs):
+        self.log.append(f"prepare {max_seqs}")
+
     def start_sample(self, batch, picks):
         self.log.append("start")
         batch = [SeqBatch(b.tokens.copy(), b.start, b.block_table.copy(), b.output) for b in batch]
@@ -244,7 +250,9 @@ def test_host_work_overlaps_the_next_step(model, monkeypatch):
     monkeypatch.setattr(model, "runner", _Deferring(model.runner, log))
     ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
     assert len(ref.tokens) == 4  # no end-of-generation token before max_tokens
-    sched = Scheduler(model).start()
+    sched = Scheduler(model, max_batch=5).start()
+    assert log == ["prepare 5"]  # the runner got ready before the first step
+    log.clear()
     q: queue.Queue = queue.Queue()
 
     def on_event(message):  # called on the scheduler thread: the log's order is exact

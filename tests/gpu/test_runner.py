@@ -295,3 +295,39 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
         assert launched == 5 * runner.spec.n_layer + 4  # the first add_norm stays a launch
     finally:
         runner.close()
+
+
+def test_prepared_pass_graphs_match_launches(rt, golden_dir):
+    """Passes of 65-128 rows (past mmq.hip and attn_rows: the prefill products and
+    attn_prefill.hip) replayed from graphs captured by prepare_batches give the logits the
+    same pass launched kernel by kernel gives: a prompt alone, and a prompt beside decode rows."""
+    from forge_hip.runner import PASS_GRAPH_ROWS
+
+    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    try:
+        runner.prepare_batches(4)
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        prompt = rng.integers(1, v, size=PASS_GRAPH_ROWS - 11).astype(np.int32)
+        olds = [rng.integers(1, v, size=n).astype(np.int32) for n in (30, 17, 9)]
+        tables = [np.arange(i * 16, i * 16 + 16, dtype=np.int32) for i in range(4)]
+        for s, t in zip(olds, tables):
+            runner.forward([SeqBatch(s[:-1], 0, t, "none")])
+        mixed = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(olds, tables)]
+        runs = {}
+        for graphs in (False, True):
+            runner.use_graphs = graphs
+            replays = len(runner.graphs.graphs)
+            alone = runner.forward([SeqBatch(prompt, 0, tables[3], "all")])[0]
+            both = runner.forward([*mixed, SeqBatch(prompt[:-3], 0, tables[3], "all")])
+            assert len(runner.graphs.graphs) == replays  # nothing captured here
+            runs[graphs] = (alone, both)
+        (alone0, both0), (alone1, both1) = runs[False], runs[True]
+        assert alone0.shape == (len(prompt), v)
+        np.testing.assert_array_equal(alone1, alone0)
+        for a, b in zip(both1, both0):
+            np.testing.assert_array_equal(a, b)
+        assert np.abs(both1[3] - alone1[:-3]).max() <= 1e-3 * alone1.std()  # same prompt rows
+    finally:
+        runner.use_graphs = True
+        runner.close()

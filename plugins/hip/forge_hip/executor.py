@@ -51,28 +51,33 @@ class Launcher:
 
 
 class GraphCache:
-    """One captured graph per key (the decode batch size), replayed on the launcher's stream."""
+    """One captured graph per key (a decode batch size, a pass's row count), replayed on the
+    launcher's stream."""
 
     def __init__(self, launcher: Launcher):
         self.launcher = launcher
         self.graphs: dict[Any, Any] = {}
         self.kernels: dict[Any, int] = {}  # launches captured per graph
 
+    def capture(self, key: Any, enqueue: Callable[[], None]) -> None:
+        """Capture `enqueue()`'s launches as the graph for `key`; nothing runs."""
+        rt, stream = self.launcher.rt, self.launcher.stream
+        before = self.launcher.count
+        rt.begin_capture(stream)
+        self.launcher.capturing = True
+        try:
+            enqueue()
+        finally:
+            self.launcher.capturing = False
+            graph = rt.end_capture(stream)
+        self.graphs[key] = graph
+        self.kernels[key] = self.launcher.count - before
+
     def run(self, key: Any, enqueue: Callable[[], None]) -> None:
         """Replay the graph for `key`, capturing `enqueue()`'s launches first if it is new."""
-        rt, stream = self.launcher.rt, self.launcher.stream
         if key not in self.graphs:
-            before = self.launcher.count
-            rt.begin_capture(stream)
-            self.launcher.capturing = True
-            try:
-                enqueue()
-            finally:
-                self.launcher.capturing = False
-                graph = rt.end_capture(stream)
-            self.graphs[key] = graph
-            self.kernels[key] = self.launcher.count - before
-        rt.replay(self.graphs[key], stream)
+            self.capture(key, enqueue)
+        self.launcher.rt.replay(self.graphs[key], self.launcher.stream)
 
     def clear(self) -> None:
         """Forget every graph (buffers they point at changed)."""

@@ -35,10 +35,12 @@ DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gi
 MAX_HEAD_DIM = 512  # attention.hip's LAYER_MAX_D
 SPLIT_LEN = 128  # attention.hip's ATT_SPLIT_MIN: positions per split at least
 # Passes of up to this many rows that are not decode steps (a prompt chunk, or prompt and decode
-# rows together: what a server runs when a request arrives) are graph-captured per row count
+# rows together: what a server runs when requests arrive) are graph-captured per row count
 # too: their launches depend on the row count alone, and launched one by one from Python they
-# cost about 14.5 us each against 2.8 in a graph (tests/gpu/test_runtime_graphs.py).
-PASS_GRAPH_ROWS = 64
+# cost about 14.5 us each against 2.8 in a graph (tests/gpu/test_runtime_graphs.py). 128: a
+# full batch of 32 decoding sequences plus a few ~20-token prompts.
+PASS_GRAPH_ROWS = 128
+DECODE_GRAPH_ROWS = 64  # decode steps of up to this many rows (and out_rows) replay a graph
 # sampling.hip's parameter fields, one int32 word per row each (doubles and the key: two words)
 SAMPLE_FIELDS = ("s_temp", "s_topk", "s_topp0", "s_topp1", "s_lminp0", "s_lminp1", "s_key0",
                  "s_key1", "s_ctr")  # fmt: skip
@@ -144,6 +146,7 @@ class HipRunner(Runner):
             )
             self.meta = SampleMeta(self.rt, ROW_CAP, 1024)
             self.out_rows = out_rows(spec)
+            self._decode_graph_rows = min(self.out_rows, DECODE_GRAPH_ROWS)
             self.use_graphs = True
             self._unfetched: _Deferred | None = None  # a started step's results, not read yet
         except BaseException:
@@ -313,16 +316,13 @@ class HipRunner(Runner):
         self.meta.upload(n_bt, self.stream)
         plan, v = self.plan, self.spec.n_vocab
         one_each = rows == len(chunk)  # every piece is one token: decode rows
-        if one_each and rows <= min(self.out_rows, 64) and self.use_graphs:
+        if one_each and rows <= self._decode_graph_rows and self.use_graphs:
             self.graphs.run(rows, lambda: self._decode_step(rows))
             return lambda: self._fetch(wanted, np.arange(rows), ids)
-        splits = self.splits if rows <= 16 else 1
         if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
-            meta, kv = self.meta, self.kv
-            self.graphs.run(("pass", rows, one_each),
-                            lambda: plan.layers_pass(rows, splits, meta, kv, one_each))  # fmt: skip
+            self.graphs.run(("pass", rows, one_each), lambda: self._pass(rows, one_each))
         else:
-            plan.layers_pass(rows, splits, self.meta, self.kv, one_each)
+            self._pass(rows, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
         results = np.empty((len(order),) if ids else (len(order), v), np.int32 if ids
                            else np.float32)  # fmt: skip
@@ -332,6 +332,30 @@ class HipRunner(Runner):
             self._copy_back(results[g0 : g0 + g], g, ids)
         out = self._split(wanted, results)
         return lambda: out
+
+    def _pass(self, rows: int, one_each: bool) -> None:
+        """The layers of a pass that is not a graph-replayed decode step."""
+        splits = self.splits if rows <= 16 else 1
+        self.plan.layers_pass(rows, splits, self.meta, self.kv, one_each)
+
+    def prepare_batches(self, max_seqs: int) -> None:
+        """Capture every graph a scheduler of `max_seqs` sequences replays: decode steps of
+        1 .. max_seqs rows and passes of 2 .. PASS_GRAPH_ROWS rows (a few ms each; on an H200
+        about 1 s for 32 sequences), so that none is captured, stalling every running sequence
+        for it, while requests are served."""
+        self._begin([])
+        if not self.use_graphs:
+            return
+        # a step's block-table entries never outnumber the cache's blocks: the buffer the graphs
+        # point at will not move
+        if self.meta.ensure_bt(self.kv.n_blocks):
+            self.graphs.clear()
+        for rows in range(1, min(max_seqs, self._decode_graph_rows) + 1):
+            if rows not in self.graphs.graphs:
+                self.graphs.capture(rows, lambda r=rows: self._decode_step(r))
+        for rows in range(2, PASS_GRAPH_ROWS + 1):
+            if ("pass", rows, False) not in self.graphs.graphs:
+                self.graphs.capture(("pass", rows, False), lambda r=rows: self._pass(r, False))
 
     def _decode_step(self, rows: int) -> None:
         """One decode step: logits into ws.logits and picked ids (argmax unless the row's
