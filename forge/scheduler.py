@@ -131,7 +131,9 @@ class Scheduler:
         """Get the runner ready for batches of up to `max_batch` sequences
         (`Runner.prepare_batches`: a GPU captures its graphs now), then start the thread."""
         if self._thread is None:
-            self.model.runner.prepare_batches(self.max_batch)
+            prepare = getattr(self.model.runner, "prepare_batches", None)  # a Runner's hook
+            if prepare is not None:
+                prepare(self.max_batch)
             self._thread = threading.Thread(target=self._loop, name="forge-scheduler", daemon=True)
             self._thread.start()
         return self

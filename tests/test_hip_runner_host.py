@@ -180,20 +180,24 @@ def test_prepared_batches_replay_without_capturing(golden_dir):
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
-    runner.allocate_kv(64, 16)
+    runner.allocate_kv(2048, 16)
     runner.prepare_batches(6)
     assert not rt.replays and not any(not cap for _, _, cap in rt.launches)
     keys = set(runner.graphs.graphs)
     assert keys == set(range(1, 7)) | {("pass", r, False) for r in range(2, PASS_GRAPH_ROWS + 1)}
     rt.launches.clear()
-    tables = [np.arange(i * 10, i * 10 + 10, dtype=np.int32) for i in range(6)]
-    decode = [SeqBatch(np.array([3 + i], np.int32), 100 + i, t) for i, t in enumerate(tables)]
-    runner.forward_argmax(decode)  # 6 rows, 60 block-table entries
+    tables = [np.arange(i * 200, i * 200 + 200, dtype=np.int32) for i in range(6)]
+    decode = [SeqBatch(np.array([3 + i], np.int32), 3000 + i, t) for i, t in enumerate(tables)]
+    runner.forward_argmax(decode)  # 6 rows, 1,128 block-table entries: past the first buffer
     prompt = SeqBatch(np.arange(1, 91, dtype=np.int32), 0, tables[5])
     runner.forward_argmax(decode[:5] + [prompt])  # 95 rows
     runner.forward_argmax(decode[:1])
     assert set(runner.graphs.graphs) == keys and rt.replays == 3
     assert not [n for n, _, cap in rt.launches if cap], "a graph was captured while serving"
+    rt.launches.clear()
+    runner.prepare_batches(PASS_GRAPH_ROWS + 40)  # decode steps past the decode graphs' rows
+    wide = {("pass", r, True) for r in range(runner._decode_graph_rows + 1, PASS_GRAPH_ROWS + 1)}
+    assert set(runner.graphs.graphs) == keys | set(range(7, runner._decode_graph_rows + 1)) | wide
     runner.close()
 
 

@@ -340,7 +340,8 @@ class HipRunner(Runner):
 
     def prepare_batches(self, max_seqs: int) -> None:
         """Capture every graph a scheduler of `max_seqs` sequences replays: decode steps of
-        1 .. max_seqs rows and passes of 2 .. PASS_GRAPH_ROWS rows (a few ms each; on an H200
+        1 .. max_seqs rows (up to PASS_GRAPH_ROWS) and passes of 2 .. PASS_GRAPH_ROWS rows
+        (a few ms each; on an H200
         about 1 s for 32 sequences), so that none is captured, stalling every running sequence
         for it, while requests are served."""
         self._begin([])
@@ -353,9 +354,12 @@ class HipRunner(Runner):
         for rows in range(1, min(max_seqs, self._decode_graph_rows) + 1):
             if rows not in self.graphs.graphs:
                 self.graphs.capture(rows, lambda r=rows: self._decode_step(r))
-        for rows in range(2, PASS_GRAPH_ROWS + 1):
-            if ("pass", rows, False) not in self.graphs.graphs:
-                self.graphs.capture(("pass", rows, False), lambda r=rows: self._pass(r, False))
+        # decode steps past the decode graphs' rows run as passes of one token per sequence
+        wide = range(self._decode_graph_rows + 1, min(max_seqs, PASS_GRAPH_ROWS) + 1)
+        keys = [("pass", r, False) for r in range(2, PASS_GRAPH_ROWS + 1)]
+        for key in keys + [("pass", r, True) for r in wide]:
+            if key not in self.graphs.graphs:
+                self.graphs.capture(key, lambda k=key: self._pass(k[1], k[2]))
 
     def _decode_step(self, rows: int) -> None:
         """One decode step: logits into ws.logits and picked ids (argmax unless the row's
