@@ -331,3 +331,31 @@ def test_prepared_pass_graphs_match_launches(rt, golden_dir):
     finally:
         runner.use_graphs = True
         runner.close()
+
+
+def test_prepared_wide_decode_graphs_match_launches(rt, golden_dir):
+    """A decode step of more sequences than the decode graphs take (70 rows: a pass of one
+    token per sequence, captured by prepare_batches) gives the logits of the same step launched
+    kernel by kernel."""
+    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    try:
+        runner.allocate_kv(256, 16)
+        runner.prepare_batches(80)
+        assert ("pass", 70, True) in runner.graphs.graphs
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        seqs = [rng.integers(1, v, size=int(n)).astype(np.int32) for n in rng.integers(2, 9, 70)]
+        tables = [np.array([i * 3, i * 3 + 1], np.int32) for i in range(70)]
+        runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+        step = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
+        runs = {}
+        for graphs in (False, True):
+            runner.use_graphs = graphs
+            captured = len(runner.graphs.graphs)
+            runs[graphs] = np.stack([r[-1] for r in runner.forward(step)])
+            assert len(runner.graphs.graphs) == captured
+        assert runs[True].shape == (70, v)
+        np.testing.assert_array_equal(runs[True], runs[False])
+    finally:
+        runner.use_graphs = True
+        runner.close()
