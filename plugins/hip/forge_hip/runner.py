@@ -317,10 +317,11 @@ class HipRunner(Runner):
         plan, v = self.plan, self.spec.n_vocab
         one_each = rows == len(chunk)  # every piece is one token: decode rows
         if one_each and rows <= self._decode_graph_rows and self.use_graphs:
-            self.graphs.run(rows, lambda: self._decode_step(rows))
+            self.graphs.run(rows, lambda: self._enqueue(rows))
             return lambda: self._fetch(wanted, np.arange(rows), ids)
         if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
-            self.graphs.run(("pass", rows, one_each), lambda: self._pass(rows, one_each))
+            key = ("pass", rows, one_each)
+            self.graphs.run(key, lambda: self._enqueue(key))
         else:
             self._pass(rows, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
@@ -338,12 +339,18 @@ class HipRunner(Runner):
         splits = self.splits if rows <= 16 else 1
         self.plan.layers_pass(rows, splits, self.meta, self.kv, one_each)
 
+    def _enqueue(self, key) -> None:  # noqa: ANN001 - a GraphCache key
+        """The launches of a graph key: rows (a decode step) or ("pass", rows, one_each)."""
+        if isinstance(key, int):
+            self._decode_step(key)
+        else:
+            self._pass(key[1], key[2])
+
     def prepare_batches(self, max_seqs: int) -> None:
         """Capture every graph a scheduler of `max_seqs` sequences replays: decode steps of
-        1 .. max_seqs rows (up to PASS_GRAPH_ROWS) and passes of 2 .. PASS_GRAPH_ROWS rows
-        (a few ms each; on an H200
-        about 1 s for 32 sequences), so that none is captured, stalling every running sequence
-        for it, while requests are served."""
+        1 .. max_seqs rows (up to PASS_GRAPH_ROWS) and passes of 2 .. PASS_GRAPH_ROWS rows (a
+        few ms each; on an H200 about 1 s for 32 sequences), so that none is captured, stalling
+        every running sequence for it, while requests are served."""
         self._begin([])
         if not self.use_graphs:
             return
@@ -351,15 +358,14 @@ class HipRunner(Runner):
         # point at will not move
         if self.meta.ensure_bt(self.kv.n_blocks):
             self.graphs.clear()
-        for rows in range(1, min(max_seqs, self._decode_graph_rows) + 1):
-            if rows not in self.graphs.graphs:
-                self.graphs.capture(rows, lambda r=rows: self._decode_step(r))
         # decode steps past the decode graphs' rows run as passes of one token per sequence
         wide = range(self._decode_graph_rows + 1, min(max_seqs, PASS_GRAPH_ROWS) + 1)
-        keys = [("pass", r, False) for r in range(2, PASS_GRAPH_ROWS + 1)]
-        for key in keys + [("pass", r, True) for r in wide]:
+        keys = [*range(1, min(max_seqs, self._decode_graph_rows) + 1),
+                *(("pass", r, False) for r in range(2, PASS_GRAPH_ROWS + 1)),
+                *(("pass", r, True) for r in wide)]  # fmt: skip
+        for key in keys:
             if key not in self.graphs.graphs:
-                self.graphs.capture(key, lambda k=key: self._pass(k[1], k[2]))
+                self.graphs.capture(key, lambda k=key: self._enqueue(k))
 
     def _decode_step(self, rows: int) -> None:
         """One decode step: logits into ws.logits and picked ids (argmax unless the row's
