@@ -120,6 +120,9 @@ class Runner(ABC):
     # True when `forward_sample` picks on the device (only token ids come back); the engine
     # then uses it for every sequence whose chain `DeviceSampling` can express.
     samples_on_device: ClassVar[bool] = False
+    # True when `start_sample` takes `feed`: a sequence's next token straight from the ids the
+    # previous started step picked, before they are read (the engine then runs one step ahead).
+    feeds_picks: ClassVar[bool] = False
 
     @abstractmethod
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
@@ -152,12 +155,22 @@ class Runner(ABC):
         return [None if p is None else sample_host(r[-1], p) for r, p in zip(rows, picks)]
 
     def start_sample(
-        self, batch: list[SeqBatch], picks: list[DeviceSampling | None]
+        self,
+        batch: list[SeqBatch],
+        picks: list[DeviceSampling | None],
+        feed: list[int] | None = None,
     ) -> Callable[[], list[int | None]]:
         """Start `forward_sample(batch, picks)` and return a function that waits for its
         tokens. The engine does its host work for the previous tokens in between, so a runner
-        whose passes run asynchronously (a GPU) overlaps the two. Call the returned function
-        before the runner's next pass. This default runs the pass before returning."""
+        whose passes run asynchronously (a GPU) overlaps the two. This default runs the pass
+        before returning.
+
+        `feed` (runners with `feeds_picks` only): per sequence, -1, or the batch row of the
+        previous `start_sample` whose picked token is this sequence's one token (its `tokens`
+        are then a placeholder). Call each returned function before the runner's next pass, or,
+        when that pass feeds from it, before the pass after that."""
+        if feed is not None and any(f >= 0 for f in feed):
+            raise NotImplementedError(f"{type(self).__name__} cannot feed picked tokens")
         tokens = self.forward_sample(batch, picks)
         return lambda: tokens
 

@@ -69,6 +69,11 @@ class SequenceState:
         it)."""
         return token in self.tokenizer.eog_ids or self._full(len(self.generated) + 1)
 
+    def full_after(self, ahead: int) -> bool:
+        """True when `ahead` more tokens certainly end the sequence by count (max_tokens, or the
+        context full), whatever they are."""
+        return self._full(len(self.generated) + ahead)
+
     def _full(self, n_generated: int) -> bool:
         """Whether `n_generated` tokens reach max_tokens or fill the context."""
         return n_generated >= self.max_tokens or len(self.prompt) + n_generated >= self.n_ctx

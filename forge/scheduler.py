@@ -19,6 +19,12 @@ with the host: the thread starts step N+1 with the tokens step N picked, then ta
 (detokenization, stop strings, callbacks) while the runner computes (`Runner.start_sample`). A
 sequence that a stop string ends meanwhile wastes its row of step N+1, which is dropped; one that
 certainly ends (end-of-generation token, max_tokens, context) is left out of it.
+
+A runner that `feeds_picks` goes one step further: step N+1 is started before step N's tokens
+are read, each decoding sequence's token fed from step N's picks on the device, so the runner
+never waits for the host between steps. An end-of-generation token or a stop string is then
+found one step late: that sequence's row of step N+1 is dropped. Steps that need the host's
+sampler, and preemption, wait for step N first.
 """
 
 from __future__ import annotations
@@ -84,10 +90,12 @@ class _Request:
 @dataclass
 class _Started:
     """A step the runner is computing: the requests it picks tokens for with their rows of the
-    batch, and how to get the batch's tokens (one per row, None where no row was sampled)."""
+    batch, how to get the batch's tokens (one per row, None where no row was sampled), and the
+    requests (ids) whose token it takes from the step before it on the device."""
 
     sampling: list[tuple[_Request, int]]
     collect: Callable[[], list[int | None]]
+    fed: frozenset[int] = frozenset()
 
 
 class Handle:
@@ -245,7 +253,13 @@ class Scheduler:
 
     def _advance(self, started: _Started | None) -> _Started | None:
         """Collect the step in flight, start the next one with its tokens, then take them (the
-        host's share of each token) while the runner computes. Returns the step now running."""
+        host's share of each token) while the runner computes. Returns the step now running.
+        With a runner that feeds picks, the next step starts first when it can (`_start_ahead`)."""
+        if started is not None and getattr(self.model.runner, "feeds_picks", False):
+            ahead = self._start_ahead(started)
+            if ahead is not None:
+                self._take(self._collect(started, ahead.fed))
+                return ahead
         picked = self._collect(started) if started is not None else []
         plan = self._plan(preempt=False)
         if plan is None:  # the pool ran dry: preemption recomputes from taken tokens only
@@ -256,9 +270,10 @@ class Scheduler:
         self._take(picked)
         return step
 
-    def _collect(self, started: _Started) -> list[_Request]:
-        """Wait for a step's tokens; each still-running request gets its token to feed next.
-        Returns those requests (their tokens are still to be taken)."""
+    def _collect(self, started: _Started, fed: frozenset[int] = frozenset()) -> list[_Request]:
+        """Wait for a step's tokens; each still-running request gets its token to feed next,
+        unless the step after it already took it on the device (`fed`). Returns those requests
+        (their tokens are still to be taken)."""
         tokens = started.collect()
         picked = []
         for request, row in started.sampling:
@@ -266,9 +281,43 @@ class Scheduler:
                 continue
             token = tokens[row]
             request.picked = token
-            request.pending = [token]
+            if id(request) not in fed:
+                request.pending = [token]
             picked.append(request)
         return picked
+
+    def _start_ahead(self, started: _Started) -> _Started | None:
+        """Start the next step before `started` is read: its decoding sequences' tokens come
+        from `started`'s picks on the device. None (nothing changed) when it cannot: the KV
+        pool is dry, nothing to run, or a sequence needs the host's sampler."""
+        fed = {id(r): row for r, row in started.sampling
+               if not (r.state.finished or r.cancelled or r.state.full_after(1))}  # fmt: skip
+        plan = self._plan(preempt=False, fed=fed)
+        if not plan:
+            return None
+        outputs = [id(r) in fed or n == len(r.pending) for r, n in plan]
+        sampling = [(r, i) for i, ((r, _), out) in enumerate(zip(plan, outputs)) if out]
+        runner = self.model.runner
+        picks = _picks(runner, sampling, fed)
+        if picks is None:
+            return None
+        batch, feed = [], []
+        for (request, n), out in zip(plan, outputs):
+            if id(request) in fed:
+                tokens = np.zeros(1, np.int32)  # a placeholder: the runner feeds the pick
+                feed.append(fed[id(request)])
+            else:
+                tokens = np.asarray(request.pending[:n], dtype=np.int32)
+                del request.pending[:n]
+                feed.append(-1)
+            batch.append(SeqBatch(tokens, request.cached, request.table.array(),
+                                  "last" if out else "none"))  # fmt: skip
+            request.cached += n
+        self.steps += 1
+        self.prompt_steps += any(n > 1 for _, n in plan)
+        per_row = [picks.get(i) for i in range(len(batch))]
+        collect = runner.start_sample(batch, per_row, feed)
+        return _Started(sampling, collect, frozenset(id(r) for r, _ in plan if id(r) in fed))
 
     def _take(self, requests: list[_Request]) -> None:
         """Hand each picked token to its sequence's state and the request's callback."""
@@ -279,9 +328,12 @@ class Scheduler:
             if state.finished:
                 self._finish(request, state.finish_reason)
 
-    def _plan(self, preempt: bool) -> list[tuple[_Request, int]] | None:
+    def _plan(
+        self, preempt: bool, fed: dict[int, int] | None = None
+    ) -> list[tuple[_Request, int]] | None:
         """(request, tokens fed) of the next step. Without `preempt`, None when the KV pool
-        cannot hold it without preempting a sequence."""
+        cannot hold it without preempting a sequence. `fed`: ids of requests whose one token
+        is still on the device (`_start_ahead`)."""
         budget = self.prefill_chunk
         plan: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
         for request in list(self._running):
@@ -289,7 +341,9 @@ class Scheduler:
                 continue
             if request.picked is not None and request.state.ends_with(request.picked):
                 continue
-            n = len(request.pending)
+            n = 1 if fed and id(request) in fed else len(request.pending)
+            if n == 0:  # its next token is in flight, and ends it
+                continue
             if n > 1:  # prefill (or recompute after preemption): bounded by the budget
                 if budget <= 0:
                     continue
@@ -390,16 +444,18 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
         request.cancelled = True
 
 
-def _picks(runner, sampling: list) -> dict | None:
+def _picks(runner, sampling: list, fed: dict[int, int] | None = None) -> dict | None:
     """{batch row: DeviceSampling} when the runner may pick every sampling row's token:
     all greedy (any runner takes the argmax), or a runner that samples on the device and chains
     `DeviceSampling` expresses. None when the host must sample. A request whose previous token
-    is not taken yet draws with the next counter."""
+    is not taken yet (picked, or in flight: in `fed`) draws with the next counter."""
     if all(r.state.is_greedy for r, _ in sampling):
         return {i: _ARGMAX for _, i in sampling}
     if not getattr(runner, "samples_on_device", False):
         return None
-    picks = {i: r.state.device_pick(ahead=int(r.picked is not None)) for r, i in sampling}
+    fed = fed or {}
+    picks = {i: r.state.device_pick(ahead=int(r.picked is not None or id(r) in fed))
+             for r, i in sampling}  # fmt: skip
     return picks if all(p is not None for p in picks.values()) else None
 
 

@@ -73,6 +73,18 @@ FORGE_KERNEL void gather_rows(const float* __restrict__ src, const i32* __restri
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
+// The token ids of a step whose tokens the previous step picked on the device: for each row r
+// with feed[r] >= 0, ids[r] = am[feed[r]] (a failed pick, -1, becomes token 0; the step that made
+// it reports the failure). grid = 1, block = any.
+FORGE_KERNEL void feed_ids(i32* __restrict__ ids, const i32* __restrict__ feed,
+                           const i32* __restrict__ am, int rows) {
+    FORGE_GRID_WAIT();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int f = feed[r];
+        if (f >= 0) ids[r] = max(am[f], 0);
+    }
+}
+
 // y[r, :] += bias[:] over R rows of n. grid = R, block = any (for matmul kernels without bias).
 FORGE_KERNEL void add_bias(float* __restrict__ y, const float* __restrict__ bias, int n) {
     FORGE_GRID_WAIT();

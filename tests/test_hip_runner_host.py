@@ -73,6 +73,15 @@ class FakeRuntime:
     def elapsed_ms(self, a, b):
         return 0.001
 
+    def wait(self, event):
+        pass
+
+    def alloc_host(self, n):
+        return np.zeros(n, np.uint8)
+
+    def free_host(self, array):
+        pass
+
     def compile(self, source, name, flags=()):
         return source.encode()
 
@@ -162,11 +171,49 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
             quants = [n for n, _, _ in rt.launches].count("mvq_quant")
     per_step = runner.graphs.kernels[2]
     # per layer: qkv, attention (one fused launch), wo, add_norm, gate/up, down, add_norm;
-    # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before
+    # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before;
+    # around them: feed_ids, embedding, add_norm, the head, sampling
     assert quants == (0 if name == "llama-f32.gguf" else 4 * n_layer + 1)
-    assert per_step == 7 * n_layer + 4 + quants, per_step
+    assert per_step == 7 * n_layer + 5 + quants, per_step
     assert rt.replays == 2 + 3  # the prompt pass twice, the decode steps three times
     assert runner.kv.f16 == (name != "llama-f32.gguf")
+    runner.close()
+    assert not rt.live
+
+
+def test_a_fed_step_takes_its_tokens_from_the_last_steps_picks(golden_dir):
+    """start_sample's feed: after a graph-replayed decode step, whose picked ids stay on the
+    device, the next step's metadata names the ids row each fed sequence copies (feed_ids, the
+    first launch of every pass, does it); after another pass in between, the picks are read and
+    written into the batch instead. Misuse is a clear error."""
+    from forge.backend import DeviceSampling
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(32, 16)
+    tables = [np.arange(3, dtype=np.int32) + 3 * i for i in range(3)]
+    batch = [SeqBatch(np.array([5 + i], np.int32), 3, t) for i, t in enumerate(tables)]
+    fed = [SeqBatch(np.array([9], np.int32), 4, t) for t in tables]
+    picks = [DeviceSampling()] * 3
+    with pytest.raises(ForgeRuntimeError, match="not started"):
+        runner.start_sample(fed, picks, feed=[0, 0, 0])
+    first = runner.start_sample(batch, picks)
+    assert rt.launches[0][0] == "feed_ids" and rt.launches[0][2]  # captured, first
+    second = runner.start_sample(fed, picks, feed=[2, -1, 0])
+    meta = runner.meta
+    assert list(meta.field("feed")[:3]) == [2, -1, 0]
+    assert list(meta.field("ids")[:3]) == [9, 9, 9]  # placeholders, replaced on the device
+    assert first() == [0, 0, 0] and second() == [0, 0, 0]  # the fake's copies give zeros
+    third = runner.start_sample(batch, picks)
+    runner.forward([SeqBatch(np.arange(1, 5, dtype=np.int32), 0, tables[0], "none")])
+    runner.start_sample(fed, picks, feed=[1, 1, 1])()
+    assert list(meta.field("feed")[:3]) == [-1, -1, -1]  # read on the host instead
+    assert list(meta.field("ids")[:3]) == third()  # the picks, in place of the placeholders
+    two = [SeqBatch(np.array([1, 2], np.int32), 4, tables[0])]
+    with pytest.raises(ForgeRuntimeError, match="exactly one token"):
+        runner.start_sample(two, picks[:1], feed=[0])
+    with pytest.raises(ForgeRuntimeError, match="picks"):
+        runner.start_sample(fed, picks, feed=[0])
     runner.close()
     assert not rt.live
 

@@ -243,15 +243,43 @@ class _Deferring:
         return collect
 
 
-def test_host_work_overlaps_the_next_step(model, monkeypatch):
-    """Step N+1 starts before step N's token is taken; a sequence that certainly ends
-    (max_tokens) is left out of the next step; the tokens equal the single-sequence path's."""
-    log: list[str] = []
-    monkeypatch.setattr(model, "runner", _Deferring(model.runner, log))
-    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
-    assert len(ref.tokens) == 4  # no end-of-generation token before max_tokens
-    sched = Scheduler(model, max_batch=5).start()
-    assert log == ["prepare 5"]  # the runner got ready before the first step
+class _Feeding(_Deferring):
+    """A `_Deferring` runner that also `feeds_picks`: a fed sequence's token is the previous
+    started step's pick, read only when this step computes (logged as "start fed")."""
+
+    feeds_picks = True
+
+    def __init__(self, runner, log):
+        super().__init__(runner, log)
+        self.previous = None
+        self.fed_rows = 0
+
+    def start_sample(self, batch, picks, feed=None):
+        fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
+        self.log.append("start fed" if fed else "start")
+        self.fed_rows += len(fed)
+        batch = [SeqBatch(b.tokens.copy(), b.start, b.block_table.copy(), b.output) for b in batch]
+        previous, done = self.previous, []
+
+        def collect():
+            if not done:
+                if fed:
+                    picked = previous()
+                    for i, f in fed:
+                        assert picked[f] is not None and len(batch[i].tokens) == 1
+                        batch[i].tokens = np.array([picked[f]], np.int32)
+                self.log.append("collect")
+                done.append(self.runner.forward_sample(batch, picks))
+            return done[0]
+
+        self.previous = collect
+        return collect
+
+
+def _run_logged(model, sched, log):
+    """PROMPTS[2] for 4 greedy tokens on a started scheduler, which is stopped after; the log
+    is cleared first, then gets "take" / "finished" for each message, in order. Returns the
+    state and its TokenEvents."""
     log.clear()
     q: queue.Queue = queue.Queue()
 
@@ -265,16 +293,46 @@ def test_host_work_overlaps_the_next_step(model, monkeypatch):
         events, _ = _drain(q)
     finally:
         sched.stop(5)
+    return state, events
+
+
+def test_host_work_overlaps_the_next_step(model, monkeypatch):
+    """Step N+1 starts before step N's token is taken; a sequence that certainly ends
+    (max_tokens) is left out of the next step; the tokens equal the single-sequence path's."""
+    log: list[str] = []
+    monkeypatch.setattr(model, "runner", _Deferring(model.runner, log))
+    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
+    assert len(ref.tokens) == 4  # no end-of-generation token before max_tokens
+    sched = Scheduler(model, max_batch=5).start()
+    assert log == ["prepare 5"]  # the runner got ready before the first step
+    state, events = _run_logged(model, sched, log)
     assert state.generated == ref.tokens and len(events) == 4
     assert log == ["start", "collect"] + ["start", "take", "collect"] * 3 + ["take", "finished"]
     assert sched.steps == 4  # the prompt, then 3 of the 4 tokens fed (the 4th ends it)
     assert sched.stats()["prompt_steps"] == 1
 
 
-def test_stop_strings_end_batched_sequences_like_single_ones(model, monkeypatch):
+def test_a_feeding_runner_starts_each_step_before_the_last_is_read(model, monkeypatch):
+    """With a runner that feeds picks, step N+1 starts (its token fed from step N's pick)
+    before step N is collected; the tokens equal the single-sequence path's."""
+    log: list[str] = []
+    runner = _Feeding(model.runner, log)
+    monkeypatch.setattr(model, "runner", runner)
+    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
+    sched = Scheduler(model, max_batch=5).start()
+    state, events = _run_logged(model, sched, log)
+    assert state.generated == ref.tokens and len(events) == 4
+    # the 4th token ends the sequence by count: no step is started ahead for it
+    assert log == ["start"] + ["start fed", "collect", "take"] * 3 + ["collect", "take",
+                                                                      "finished"]  # fmt: skip
+    assert sched.steps == 4 and runner.fed_rows == 3
+
+
+@pytest.mark.parametrize("runner_class", [_Deferring, _Feeding])
+def test_stop_strings_end_batched_sequences_like_single_ones(model, monkeypatch, runner_class):
     """A stop string found while the next step runs drops that sequence's row of it; every
     sequence still gets the single-sequence text, tokens and finish reason."""
-    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    monkeypatch.setattr(model, "runner", runner_class(model.runner, []))
     full = {p: model.complete(p, max_tokens=24, temperature=0).text for p in PROMPTS}
     stops = {p: [t[len(t) // 2 : len(t) // 2 + 3]] if len(t) > 8 else [] for p, t in full.items()}
     refs = {p: model.complete(p, max_tokens=24, temperature=0, stop=stops[p]) for p in PROMPTS}
@@ -290,12 +348,14 @@ def test_stop_strings_end_batched_sequences_like_single_ones(model, monkeypatch)
         assert "".join(e.text for e in events) == ref.text, p
         assert state.generated == ref.tokens and fin.finish_reason == ref.finish_reason, p
     assert model.allocator.usage == 0.0
+    assert getattr(model.runner, "fed_rows", 1) > 0  # a _Feeding runner did feed
 
 
-def test_seeded_device_sampling_overlapped_equals_single(model, monkeypatch):
+@pytest.mark.parametrize("runner_class", [_Deferring, _Feeding])
+def test_seeded_device_sampling_overlapped_equals_single(model, monkeypatch, runner_class):
     """While a step runs the next token's draw counter is one ahead of the taken tokens: the
     overlapped scheduler draws exactly what the one-sequence engine draws."""
-    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    monkeypatch.setattr(model, "runner", runner_class(model.runner, []))
     kw = dict(max_tokens=12, temperature=0.9, top_k=40)
     refs = [model.complete(p, seed=11 + i, **kw).tokens for i, p in enumerate(PROMPTS[:4])]
     sched = Scheduler(model, max_batch=4).start()
@@ -309,10 +369,11 @@ def test_seeded_device_sampling_overlapped_equals_single(model, monkeypatch):
     assert len({tuple(r) for r in refs}) == 4
 
 
-def test_sampled_rows_after_a_prompt_chunk_get_their_own_tokens(model, monkeypatch):
+@pytest.mark.parametrize("runner_class", [_Deferring, _Feeding])
+def test_sampled_rows_after_a_prompt_chunk_get_their_own_tokens(model, monkeypatch, runner_class):
     """A batch [decoding, prompt chunk without output, one-token prompt]: each sampled row's
     token goes to its own sequence (the runner returns one entry per batch row)."""
-    monkeypatch.setattr(model, "runner", _Deferring(model.runner, []))
+    monkeypatch.setattr(model, "runner", runner_class(model.runner, []))
     long_prompt = [int(t) for t in np.random.default_rng(2).integers(3, model.n_vocab, 100)]
     one = [int(model.tokenize("cat", add_special=False)[0])]
     prompts = [PROMPTS[0], long_prompt, one]
@@ -326,6 +387,7 @@ def test_sampled_rows_after_a_prompt_chunk_get_their_own_tokens(model, monkeypat
         sched.stop(5)
     assert [r.finish_reason for r in results] != ["error"] * 3, results[0].error
     assert [s.generated for _, _, s in subs] == refs
+    assert getattr(model.runner, "fed_rows", 1) > 0
 
 
 def test_a_stop_string_taken_before_a_host_sampled_step_ends_its_sequence_once(model, monkeypatch):

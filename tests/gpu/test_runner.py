@@ -124,12 +124,56 @@ def test_started_step_is_read_when_collected(rt, golden_dir):
         want = runner.forward_sample(batch, picks)
         assert want[1] is None
         collect = runner.start_sample(batch, picks)  # same positions: the same K/V rewritten
-        assert runner._unfetched is not None
+        assert runner._unfetched
         other = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]
         assert collect() == want and collect() == want
         alone = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]
         assert np.array_equal(other, alone)
         assert runner.start_sample(batch, picks)() == want
+    finally:
+        runner.close()
+
+
+def _fed_and_host_fed(runner, n_seq: int, rng) -> tuple[list, list]:
+    """Four decode steps of n_seq sequences fed from the host, then the same steps started back
+    to back with every token fed on the device (same positions: the same K/V rewritten)."""
+    from forge.backend import DeviceSampling
+
+    v = runner.spec.n_vocab
+    seqs = [rng.integers(1, v, size=int(n)).astype(np.int32) for n in rng.integers(3, 12, n_seq)]
+    tables = [np.array([i], np.int32) for i in range(n_seq)]
+    runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+
+    def picks(k):
+        return [DeviceSampling(0.8, 30, 0.95, 0.0, key=i, counter=k) if i % 2 else
+                DeviceSampling() for i in range(n_seq)]  # fmt: skip
+
+    def batch(k, tokens):
+        return [SeqBatch(np.array([t], np.int32), len(s) - 1 + k, tab)
+                for t, s, tab in zip(tokens, seqs, tables)]  # fmt: skip
+
+    want, tokens = [], [int(s[-1]) for s in seqs]
+    for k in range(4):
+        tokens = runner.forward_sample(batch(k, tokens), picks(k))
+        want.append(tokens)
+    started = [runner.start_sample(batch(0, [int(s[-1]) for s in seqs]), picks(0))]
+    for k in range(1, 4):
+        started.append(runner.start_sample(batch(k, [0] * n_seq), picks(k), list(range(n_seq))))
+    return [c() for c in started], want
+
+
+def test_fed_steps_equal_steps_fed_from_the_host(rt, golden_dir):
+    """Decode steps started back to back, each sequence's token fed on the device from the
+    previous step's pick (read only afterwards), pick what steps fed from the host pick:
+    greedy and seeded sampling rows; 3 rows (decode graphs, fed on the device) and 70 (passes,
+    whose picks are read before the next step)."""
+    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    try:
+        runner.allocate_kv(80, 16)
+        rng = np.random.default_rng()
+        for n_seq in (3, 70):
+            got, want = _fed_and_host_fed(runner, n_seq, rng)
+            assert got == want, n_seq
     finally:
         runner.close()
 
@@ -292,7 +336,8 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
             launched = launched if not fuse else runner.graphs.kernels[1]
         np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
         print(f"{name}: {launched} kernels per fused step")
-        assert launched == 5 * runner.spec.n_layer + 4  # the first add_norm stays a launch
+        # feed_ids, embedding, the first add_norm (stays a launch), 5 per layer, head, sampling
+        assert launched == 5 * runner.spec.n_layer + 5
     finally:
         runner.close()
 

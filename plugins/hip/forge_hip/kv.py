@@ -52,9 +52,10 @@ class KvCache:
 class RowMeta:
     """Per-row int32 metadata in one device buffer, written by one host->device copy per step:
     ids, pos, slots, btoff (offset of the row's block table in bt), outidx (rows whose logits are
-    wanted), then the flat block tables `bt`."""
+    wanted), feed (the row of the previous step's picked ids that replaces ids, or -1), then the
+    flat block tables `bt`."""
 
-    FIELDS = ("ids", "pos", "slots", "btoff", "outidx")
+    FIELDS = ("ids", "pos", "slots", "btoff", "outidx", "feed")
 
     def __init__(self, rt: Runtime, rows: int, bt_cap: int):
         self.rt, self.rows = rt, rows

@@ -57,6 +57,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "gemm_m64": ("gemm.hip", "pii"),
     "add_norm": ("layer.hip", "pppppif"),
     "gather_rows": ("layer.hip", "pppi"),
+    "feed_ids": ("layer.hip", "pppi"),
     "add_bias": ("layer.hip", "ppi"),
     "act_round": ("layer.hip", "ppii"),
 }

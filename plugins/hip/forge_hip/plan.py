@@ -250,6 +250,7 @@ class Plan:
             self.op["attn_decode"] = lib.get(f"attn_decode_w{width}")
         self.mv_multi, self.mv_glu = lib.get("mv_multi"), lib.get("mv_glu")
         self.mm_tiled = lib.get("mm_tiled")
+        self.feed_ids = lib.get("feed_ids")
         self.descs: list[list[int]] = []
         self.mats: list[tuple[Placed, object]] = []  # per descriptor: weight, its matmul impl
         self.layers = []
@@ -518,6 +519,7 @@ class Plan:
             res.reverse()
             return args
 
+        L(self.feed_ids, (1,), (NORM_THREADS,), [meta.ids, meta.feed, ws.am, rows])
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
         self._add_norm(rows, ws.x, 0, 0, self.layers[0]["attn_norm"])
         norm = None

@@ -7,13 +7,16 @@ refreshed by a single host->device copy, so Python launches nothing per token. G
 (`forward_argmax`) and sampling (`forward_sample`: top-k / top-p / min-p / temperature with a
 counter-based generator) pick tokens on the device and copy back only their ids;
 `start_sample` returns as soon as such a step is queued on the stream, so the engine's host work
-runs while the GPU computes.
+runs while the GPU computes. Its `feed` takes a sequence's next token from the ids the previous
+started step picked, still on the device: the engine starts step N+1 before it reads step N's
+tokens, and the GPU never waits for the host between decode steps.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -110,6 +113,7 @@ def check_spec(spec: ModelSpec) -> None:
 
 class HipRunner(Runner):
     samples_on_device = True
+    feeds_picks = True
 
     def __init__(
         self,
@@ -127,6 +131,10 @@ class HipRunner(Runner):
         check_spec(spec)
         self.spec = spec
         self.arena = self.ws = self.kv = self.meta = None
+        self._unfetched: list[_Deferred] = []  # started steps' results not read yet, oldest first
+        self._source: _Source | None = None  # the last started step, for the next one's feed
+        self._picked_host: list[np.ndarray] = []  # page-locked ids of async steps, two in turn
+        self._async_rows = 0  # rows of the step just launched whose ids stay in ws.am (or 0)
         self._own_rt = runtime is None
         self.rt = runtime or open_runtime(None, device)
         try:
@@ -148,7 +156,9 @@ class HipRunner(Runner):
             self.out_rows = out_rows(spec)
             self._decode_graph_rows = min(self.out_rows, DECODE_GRAPH_ROWS)
             self.use_graphs = True
-            self._unfetched: _Deferred | None = None  # a started step's results, not read yet
+            self._picked_host = [self.rt.alloc_host(4 * self.out_rows) for _ in range(2)]
+            self._picked_done = [self.rt.event() for _ in range(2)]
+            self._slot = 0  # the _picked_host entry the next async step copies its ids into
         except BaseException:
             self.close()
             raise
@@ -177,37 +187,78 @@ class HipRunner(Runner):
     def forward_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> list[int | None]:
         return self.start_sample(batch, picks)()
 
-    def start_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> Callable[[], list]:
+    def start_sample(
+        self, batch: list[SeqBatch], picks: list[Pick], feed: list[int] | None = None
+    ) -> Callable[[], list]:
         """Queue the pass and return; a graph-replayed decode step's ids are read (waiting for
-        the stream) only when the returned function is called. Other passes run now."""
-        if len(picks) != len(batch):
-            raise ForgeRuntimeError(f"{len(picks)} picks for a batch of {len(batch)}")
+        the event recorded after their copy) only when the returned function is called. Other
+        passes run now. `feed[i] >= 0`: sequence i's one token is the id the previous
+        `start_sample` picked for its batch row feed[i], which need not be read yet; on the
+        device when that step's ids are still there, else read first."""
+        if len(picks) != len(batch) or (feed is not None and len(feed) != len(batch)):
+            raise ForgeRuntimeError(f"{len(picks)} picks (and feed) for a batch of {len(batch)}")
         lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
                  for b, p in zip(batch, picks)]  # fmt: skip
-        pieces = self._begin(lasts)
+        fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
+        src, on_device = self._source, None
+        if fed:
+            on_device = self._feed_source(lasts, fed)
+        pieces = self._begin(lasts, keep=src.result if on_device is not None else None)
         if len(pieces) == 1 and len(pieces[0][0]) == len(batch):  # one piece per sequence
-            fetch = self._launch(pieces[0][0], True, picks)
+            fetch = self._launch(pieces[0][0], True, picks, on_device)
         else:
             rows = self._forward(lasts, ids=True, picks=picks, pieces=pieces)
             fetch = lambda: rows  # noqa: E731
-        self._unfetched = _Deferred(lambda: [None if p is None else int(r[-1])
-                                             for r, p in zip(fetch(), picks)])  # fmt: skip
-        return self._unfetched
+            self._async_rows = 0  # ws.am holds the last piece's ids only
+        result = _Deferred(lambda: [None if p is None else int(r[-1])
+                                    for r, p in zip(fetch(), picks)])  # fmt: skip
+        self._unfetched.append(result)
+        self._source = _Source(result, self._async_rows)
+        return result
 
-    def _begin(self, batch: list[SeqBatch]) -> list[tuple[list[SeqBatch], list[int]]]:
-        """Settle a started step's results (they are read before anything overwrites them),
-        then cut `batch` into pieces (`_chunks`)."""
-        self._settle()
+    def _feed_source(self, lasts: list[SeqBatch], fed: list[tuple[int, int]]) -> list[int] | None:
+        """Check `fed` (batch row, source row) against the previous started step. Returns the
+        feed field (per row: the ids row to copy, or -1) when the ids are still on the device
+        and the pass is one piece; otherwise reads them and writes them into `lasts`."""
+        src = self._source
+        if src is None:
+            raise ForgeRuntimeError("feed names a step that was not started")
+        if any(len(lasts[i].tokens) != 1 for i, _ in fed):
+            raise ForgeRuntimeError("a fed sequence adds exactly one token")
+        sizes = [len(b.tokens) for b in lasts]
+        if all(f < src.rows for _, f in fed) and sum(sizes) <= ROW_CAP and all(sizes):
+            field = [-1] * len(lasts)
+            for i, f in fed:
+                field[i] = f
+            return field
+        picked = src.result()
+        for i, f in fed:
+            token = picked[f] if f < len(picked) else None
+            if token is None:
+                raise ForgeRuntimeError(f"feed names row {f}, which picked no token")
+            b = lasts[i]
+            lasts[i] = SeqBatch(np.array([token], np.int32), b.start, b.block_table, b.output)
+        return None
+
+    def _begin(self, batch: list[SeqBatch], keep=None) -> list[tuple[list[SeqBatch], list[int]]]:  # noqa: ANN001
+        """Settle started steps' results but `keep` (they are read before anything overwrites
+        them), then cut `batch` into pieces (`_chunks`)."""
+        self._settle(keep)
+        if self._source is not None and self._source.result is not keep:
+            self._source = _Source(self._source.result, 0)  # its ids will be overwritten
+        self._async_rows = 0
         self.rt.bind()
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
         return list(self._chunks(batch))
 
-    def _settle(self) -> None:
-        """Read a started step's results now (its pass is done before this returns)."""
-        started, self._unfetched = getattr(self, "_unfetched", None), None
-        if started is not None:
-            started.settle()
+    def _settle(self, keep=None) -> None:  # noqa: ANN001
+        """Read started steps' results now (their passes are done before this returns), all
+        but `keep`."""
+        started, self._unfetched = self._unfetched, [d for d in self._unfetched if d is keep]
+        for d in started:
+            if d is not keep:
+                d.settle()
 
     def _forward(self, batch: list[SeqBatch], ids: bool, picks: list[Pick] | None = None,
                  pieces: list | None = None) -> list:  # fmt: skip
@@ -257,11 +308,12 @@ class HipRunner(Runner):
             yield cur, owners
 
     def _prepare(
-        self, chunk: list[SeqBatch], picks: list[Pick] | None = None
+        self, chunk: list[SeqBatch], picks: list[Pick] | None = None, feed: list[int] | None = None
     ) -> tuple[int, list[np.ndarray], int]:
-        """Fill the host metadata (with each piece's pick for its last row: `picks`, aligned
-        with `chunk`); returns (rows, wanted rows per piece, block-table entries). Vectorized
-        over rows: a decode step's engine work waits for it."""
+        """Fill the host metadata (with each piece's pick for its last row: `picks`, and the
+        ids row its token comes from: `feed`, both aligned with `chunk`); returns (rows, wanted
+        rows per piece, block-table entries). Vectorized over rows: a decode step's engine work
+        waits for it."""
         s, kv, meta = self.spec, self.kv, self.meta
         bs = kv.block_size
         n_seq = len(chunk)
@@ -306,18 +358,27 @@ class HipRunner(Runner):
         ]  # fmt: skip
         out = np.concatenate(wanted) if wanted else none
         meta.field("outidx")[: len(out)] = out
+        fed = meta.field("feed")
+        fed[:at] = -1
+        if feed is not None:
+            f = np.asarray(feed, np.int64)
+            fed[first_row[f >= 0]] = f[f >= 0]
         meta.set_picks(at, [(int(e), p) for e, p in zip(ends, picks or ()) if p is not None])
         return at, wanted, at_bt
 
-    def _launch(self, chunk: list[SeqBatch], ids: bool, picks: list[Pick]) -> Callable[[], list]:
+    def _launch(
+        self, chunk: list[SeqBatch], ids: bool, picks: list[Pick], feed: list[int] | None = None
+    ) -> Callable[[], list]:
         """Run one piece; returns a function giving its rows. A graph-replayed decode step is
-        only queued: its function waits for the stream."""
-        rows, wanted, n_bt = self._prepare(chunk, picks)
+        only queued: its function waits for the stream (for picked ids: for their copy)."""
+        rows, wanted, n_bt = self._prepare(chunk, picks, feed)
         self.meta.upload(n_bt, self.stream)
         plan, v = self.plan, self.spec.n_vocab
         one_each = rows == len(chunk)  # every piece is one token: decode rows
         if one_each and rows <= self._decode_graph_rows and self.use_graphs:
             self.graphs.run(rows, lambda: self._enqueue(rows))
+            if ids:
+                return self._picked_later(wanted, rows)
             return lambda: self._fetch(wanted, np.arange(rows), ids)
         if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
             key = ("pass", rows, one_each)
@@ -377,10 +438,26 @@ class HipRunner(Runner):
         src = self.ws.am if ids else self.ws.logits
         self.rt.copy_to_host(dst, src, self.stream)
         self.rt.synchronize(self.stream)
-        if ids and len(dst) and dst.min() < 0:
-            raise ForgeRuntimeError(
-                "cannot sample: the logits contain NaN or +inf, or every token is masked"
-            )
+        if ids:
+            _check_picked(dst)
+
+    def _picked_later(self, wanted, rows: int) -> Callable[[], list]:
+        """Queue the copy of a decode step's picked ids into page-locked memory (the next step
+        may run before they are read: its feed reads them on the device first) and return the
+        function that waits for that copy alone."""
+        slot, self._slot = self._slot, self._slot ^ 1
+        host = self._picked_host[slot].view(np.int32)[:rows]
+        done = self._picked_done[slot]
+        self.rt.copy_to_host(host, self.ws.am, self.stream)
+        self.rt.record(done, self.stream)
+        self._async_rows = rows
+
+        def fetch() -> list[np.ndarray | None]:
+            self.rt.wait(done)
+            picked = _check_picked(host.copy())
+            return [picked[w] if len(w) else None for w in wanted]
+
+        return fetch
 
     def _fetch(self, wanted, produced: np.ndarray, ids: bool) -> list[np.ndarray | None]:
         """Results of a decode step: every row was computed; keep the wanted ones."""
@@ -419,6 +496,9 @@ class HipRunner(Runner):
     def close(self) -> None:
         if getattr(self, "rt", None) is not None:
             self._settle()  # nothing may still run on the buffers freed below
+            for host in self._picked_host:
+                self.rt.free_host(host)
+            self._picked_host = []
         for part in ("meta", "kv", "ws", "arena"):
             obj = getattr(self, part, None)
             if obj is not None:
@@ -429,6 +509,22 @@ class HipRunner(Runner):
         if self._own_rt and getattr(self, "rt", None) is not None:
             self.rt.close()
             self.rt = None
+
+
+def _check_picked(ids: np.ndarray) -> np.ndarray:
+    if len(ids) and ids.min() < 0:
+        raise ForgeRuntimeError(
+            "cannot sample: the logits contain NaN or +inf, or every token is masked"
+        )
+    return ids
+
+
+class _Source(NamedTuple):
+    """A started step that a later step may take tokens from: its results, and how many of its
+    batch rows still have their picked id in ws.am at the same index (0: none)."""
+
+    result: _Deferred
+    rows: int
 
 
 class _Deferred:

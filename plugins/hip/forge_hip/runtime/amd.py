@@ -177,6 +177,17 @@ class HipRuntime(Runtime):
         check(self._hip.hipEventSynchronize(end), "hipEventSynchronize")
         return float(check(self._hip.hipEventElapsedTime(start, end), "hipEventElapsedTime"))
 
+    def wait(self, event) -> None:
+        check(self._hip.hipEventSynchronize(event), "hipEventSynchronize")
+
+    def alloc_host(self, nbytes: int) -> np.ndarray:
+        n = max(1, int(nbytes))
+        ptr = check(self._hip.hipHostMalloc(n, 0), f"hipHostMalloc({nbytes} bytes)")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(ptr)))
+
+    def free_host(self, array: np.ndarray) -> None:
+        check(self._hip.hipHostFree(array.ctypes.data), "hipHostFree")
+
     def compile(self, source: str, name: str, flags: Sequence[str] = ()) -> bytes:
         arch = self.props.arch
         return cached_compile(

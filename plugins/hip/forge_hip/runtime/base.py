@@ -155,6 +155,19 @@ class Runtime(ABC):
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two recorded events (waits for `end`)."""
 
+    @abstractmethod
+    def wait(self, event: Any) -> None:
+        """Block until the work recorded before `event` on its stream is done."""
+
+    # page-locked host memory: a copy between it and the device on a stream returns at once
+    @abstractmethod
+    def alloc_host(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory as a uint8 array of `nbytes`."""
+
+    @abstractmethod
+    def free_host(self, array: np.ndarray) -> None:
+        """Free what `alloc_host` returned (the array must not be used afterwards)."""
+
     # compilation and launch
     @abstractmethod
     def compile(self, source: str, name: str, flags: Sequence[str] = ()) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,6 +186,17 @@ class CudaRuntime(Runtime):
     def elapsed_ms(self, start, end) -> float:
         check(self._drv.cuEventSynchronize(end), "cuEventSynchronize")
         return float(check(self._drv.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+    def wait(self, event) -> None:
+        check(self._drv.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def alloc_host(self, nbytes: int) -> np.ndarray:
+        n = max(1, int(nbytes))
+        ptr = check(self._drv.cuMemHostAlloc(n, 0), f"cuMemHostAlloc({nbytes} bytes)")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(ptr)))
+
+    def free_host(self, array: np.ndarray) -> None:
+        check(self._drv.cuMemFreeHost(array.ctypes.data), "cuMemFreeHost")
 
     def compile(self, source: str, name: str, flags: Sequence[str] = ()) -> bytes:
         arch = self.props.arch
