@@ -204,6 +204,11 @@ def test_a_fed_step_takes_its_tokens_from_the_last_steps_picks(golden_dir):
     assert list(meta.field("feed")[:3]) == [2, -1, 0]
     assert list(meta.field("ids")[:3]) == [9, 9, 9]  # placeholders, replaced on the device
     assert first() == [0, 0, 0] and second() == [0, 0, 0]  # the fake's copies give zeros
+    # a pass holding a prompt: its picks are gathered into ids rows 0 and 1
+    prompt = SeqBatch(np.arange(1, 6, dtype=np.int32), 0, tables[2])
+    runner.start_sample([prompt, batch[1], batch[0]], [picks[0], None, picks[0]])
+    runner.start_sample(fed, picks, feed=[2, -1, 0])
+    assert list(meta.field("feed")[:7]) == [1, -1, 0, -1, -1, -1, -1]
     third = runner.start_sample(batch, picks)
     runner.forward([SeqBatch(np.arange(1, 5, dtype=np.int32), 0, tables[0], "none")])
     runner.start_sample(fed, picks, feed=[1, 1, 1])()

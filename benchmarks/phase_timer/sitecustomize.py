@@ -7,9 +7,10 @@ Put this folder first on PYTHONPATH and name a log file; Python imports this mod
         python benchmarks/load_server.py --model x.gguf --backend hip --levels 1 32
 
 Every 500 scheduler steps one line is appended: wall ms per step, then ms per step spent in
-each wrapped method (Scheduler._collect / _plan / _start / _take / _advance, and with the hip
-plugin HipRunner.start_sample / _prepare, RowMeta.upload, GraphCache.run; nested calls count
-in both), then each thread's share of a core (from /proc/self/task). Unset FORGE_PHASE_LOG:
+each wrapped method (Scheduler._collect / _plan / _start / _start_ahead / _take / _advance, and
+with the hip plugin HipRunner.start_sample / _prepare, RowMeta.upload, GraphCache.run, and
+"gpu_wait": the host blocked on a step's picked ids, CudaRuntime.wait; nested calls count in
+both), then each thread's share of a core (from /proc/self/task). Unset FORGE_PHASE_LOG:
 nothing is changed.
 """
 
@@ -65,7 +66,7 @@ def _install(log: str) -> None:
         spent.clear()
         last[0], last[1] = now, cpu
 
-    for name in ("_collect", "_plan", "_start", "_take"):
+    for name in ("_collect", "_plan", "_start", "_start_ahead", "_take"):
         setattr(scheduler.Scheduler, name, timed(name, getattr(scheduler.Scheduler, name)))
     advance = timed("_advance", scheduler.Scheduler._advance)
 
@@ -87,6 +88,11 @@ def _install(log: str) -> None:
     runner.HipRunner._prepare = timed("prepare", runner.HipRunner._prepare)
     kv.RowMeta.upload = timed("upload", kv.RowMeta.upload)
     executor.GraphCache.run = timed("graph_run", executor.GraphCache.run)
+    try:
+        from forge_hip.runtime.nvidia import CudaRuntime
+    except ImportError:  # no cuda-python here
+        return
+    CudaRuntime.wait = timed("gpu_wait", CudaRuntime.wait)
 
 
 if LOG:

@@ -134,7 +134,7 @@ class HipRunner(Runner):
         self._unfetched: list[_Deferred] = []  # started steps' results not read yet, oldest first
         self._source: _Source | None = None  # the last started step, for the next one's feed
         self._picked_host: list[np.ndarray] = []  # page-locked ids of async steps, two in turn
-        self._async_rows = 0  # rows of the step just launched whose ids stay in ws.am (or 0)
+        self._in_am: np.ndarray | None = None  # per row of the step just launched: its ids row
         self._own_rt = runtime is None
         self.rt = runtime or open_runtime(None, device)
         try:
@@ -209,11 +209,11 @@ class HipRunner(Runner):
         else:
             rows = self._forward(lasts, ids=True, picks=picks, pieces=pieces)
             fetch = lambda: rows  # noqa: E731
-            self._async_rows = 0  # ws.am holds the last piece's ids only
+            self._in_am = None  # ws.am holds the last piece's ids only
         result = _Deferred(lambda: [None if p is None else int(r[-1])
                                     for r, p in zip(fetch(), picks)])  # fmt: skip
         self._unfetched.append(result)
-        self._source = _Source(result, self._async_rows)
+        self._source = _Source(result, self._in_am)
         return result
 
     def _feed_source(self, lasts: list[SeqBatch], fed: list[tuple[int, int]]) -> list[int] | None:
@@ -226,10 +226,12 @@ class HipRunner(Runner):
         if any(len(lasts[i].tokens) != 1 for i, _ in fed):
             raise ForgeRuntimeError("a fed sequence adds exactly one token")
         sizes = [len(b.tokens) for b in lasts]
-        if all(f < src.rows for _, f in fed) and sum(sizes) <= ROW_CAP and all(sizes):
+        in_am = src.in_am
+        on_device = in_am is not None and all(f < len(in_am) and in_am[f] >= 0 for _, f in fed)
+        if on_device and sum(sizes) <= ROW_CAP and all(sizes):
             field = [-1] * len(lasts)
             for i, f in fed:
-                field[i] = f
+                field[i] = int(in_am[f])
             return field
         picked = src.result()
         for i, f in fed:
@@ -245,8 +247,8 @@ class HipRunner(Runner):
         them), then cut `batch` into pieces (`_chunks`)."""
         self._settle(keep)
         if self._source is not None and self._source.result is not keep:
-            self._source = _Source(self._source.result, 0)  # its ids will be overwritten
-        self._async_rows = 0
+            self._source = _Source(self._source.result, None)  # its ids will be overwritten
+        self._in_am = None
         self.rt.bind()
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
@@ -377,8 +379,8 @@ class HipRunner(Runner):
         one_each = rows == len(chunk)  # every piece is one token: decode rows
         if one_each and rows <= self._decode_graph_rows and self.use_graphs:
             self.graphs.run(rows, lambda: self._enqueue(rows))
-            if ids:
-                return self._picked_later(wanted, rows)
+            if ids:  # ws.am row r: batch row r's pick
+                return self._picked_later(wanted, rows, np.arange(rows))
             return lambda: self._fetch(wanted, np.arange(rows), ids)
         if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
             key = ("pass", rows, one_each)
@@ -386,6 +388,13 @@ class HipRunner(Runner):
         else:
             self._pass(rows, one_each)
         order = np.concatenate(wanted) if wanted else np.zeros(0, np.int64)
+        if ids and 0 < len(order) <= self.out_rows and all(len(w) <= 1 for w in wanted):
+            plan.output(len(order), self.meta.outidx, self.meta.params)
+            # ws.am row j: the pick of the j-th piece that wants one
+            picked = np.cumsum([len(w) for w in wanted]) - 1
+            in_am = np.where([len(w) == 1 for w in wanted], picked, -1)
+            at = [np.arange(j, j + 1) if len(w) else w for j, w in zip(picked, wanted)]
+            return self._picked_later(at, len(order), in_am)
         results = np.empty((len(order),) if ids else (len(order), v), np.int32 if ids
                            else np.float32)  # fmt: skip
         for g0 in range(0, len(order), self.out_rows):
@@ -441,16 +450,17 @@ class HipRunner(Runner):
         if ids:
             _check_picked(dst)
 
-    def _picked_later(self, wanted, rows: int) -> Callable[[], list]:
-        """Queue the copy of a decode step's picked ids into page-locked memory (the next step
-        may run before they are read: its feed reads them on the device first) and return the
-        function that waits for that copy alone."""
+    def _picked_later(self, wanted, rows: int, in_am: np.ndarray) -> Callable[[], list]:
+        """Queue the copy of a step's `rows` picked ids (ws.am) into page-locked memory (the
+        next step may run before they are read: its feed reads them on the device first) and
+        return the function that waits for that copy alone and gives each piece the ids rows
+        `wanted` names. `in_am`: per piece, its pick's ids row (-1: none), for that feed."""
         slot, self._slot = self._slot, self._slot ^ 1
         host = self._picked_host[slot].view(np.int32)[:rows]
         done = self._picked_done[slot]
         self.rt.copy_to_host(host, self.ws.am, self.stream)
         self.rt.record(done, self.stream)
-        self._async_rows = rows
+        self._in_am = in_am
 
         def fetch() -> list[np.ndarray | None]:
             self.rt.wait(done)
@@ -520,11 +530,11 @@ def _check_picked(ids: np.ndarray) -> np.ndarray:
 
 
 class _Source(NamedTuple):
-    """A started step that a later step may take tokens from: its results, and how many of its
-    batch rows still have their picked id in ws.am at the same index (0: none)."""
+    """A started step that a later step may take tokens from: its results, and per batch row
+    the ws.am row holding its pick (-1: none), or None when ws.am no longer holds them."""
 
     result: _Deferred
-    rows: int
+    in_am: np.ndarray | None
 
 
 class _Deferred:
