@@ -206,6 +206,9 @@ class Model:
             t1 = time.perf_counter()
             self.last_timings["prompt_seconds"] = t1 - t0
             event = state.take(row) if on_device else state.step(row[-1])
+            if on_device and getattr(self.runner, "feeds_picks", False):
+                yield from self._decode_ahead(state, table, event, t1)
+                return
             while True:
                 if event.text:
                     yield event.text
@@ -224,6 +227,34 @@ class Model:
                     event = state.step(self.runner.forward(batch)[0][-1])
         finally:
             table.release()
+
+    def _decode_ahead(
+        self, state: SequenceState, table: BlockTable, event: Any, t1: float
+    ) -> Iterator[str]:
+        """`_run`'s decode loop on a runner that feeds picks: each step starts before the last
+        one's token is read, that token fed from its pick on the device, so the device never
+        waits for the host. A step started for a sequence that the token before it ended (an
+        end-of-generation token, a stop string) is dropped."""
+        runner, started = self.runner, None
+        while True:
+            if event.text:
+                yield event.text
+            self.last_timings["generated_tokens"] = len(state.generated)
+            self.last_timings["generation_seconds"] = time.perf_counter() - t1
+            if state.finished:
+                return
+            pos = len(state.prompt) + len(state.generated) - 1
+            if started is None:  # the step feeding the token just taken
+                table.ensure(pos + 1)
+                batch = [SeqBatch(np.array([event.token], np.int32), pos, table.array())]
+                started = runner.start_sample(batch, [state.device_pick()])
+            ahead = None
+            if not state.full_after(1):  # the step after it, fed from its pick
+                table.ensure(pos + 2)
+                batch = [SeqBatch(np.zeros(1, np.int32), pos + 1, table.array())]
+                ahead = runner.start_sample(batch, [state.device_pick(ahead=1)], feed=[0])
+            event = state.take(started()[0])
+            started = ahead
 
     def _check_ids(self, ids: Any) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)

@@ -315,10 +315,10 @@ def test_host_work_overlaps_the_next_step(model, monkeypatch):
 def test_a_feeding_runner_starts_each_step_before_the_last_is_read(model, monkeypatch):
     """With a runner that feeds picks, step N+1 starts (its token fed from step N's pick)
     before step N is collected; the tokens equal the single-sequence path's."""
+    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
     log: list[str] = []
     runner = _Feeding(model.runner, log)
     monkeypatch.setattr(model, "runner", runner)
-    ref = model.complete(PROMPTS[2], max_tokens=4, temperature=0)
     sched = Scheduler(model, max_batch=5).start()
     state, events = _run_logged(model, sched, log)
     assert state.generated == ref.tokens and len(events) == 4
@@ -420,3 +420,27 @@ def test_a_stop_string_taken_before_a_host_sampled_step_ends_its_sequence_once(m
     assert "".join(e.text for e in events_a) == ref_a.text and fin_a.finish_reason == "stop"
     assert sa.generated == ref_a.tokens and sb.generated == ref_b.tokens
     assert all(e.logprob is not None for e in events_b)  # logprobs=0: the chosen token's
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=5)])
+def test_generate_runs_one_step_ahead_on_a_feeding_runner(model, monkeypatch, kw):
+    """Model.generate on a runner that feeds picks starts each decode step before reading the
+    last one's token, and gives the tokens, text and finish reason of a runner that picks on
+    the device step by step: max_tokens, and a stop string (found one step late: that step is
+    dropped)."""
+    plain = model.runner
+    monkeypatch.setattr(model, "runner", _Deferring(plain, []))
+    refs = [model.complete(p, max_tokens=16, **kw) for p in PROMPTS[:3]]
+    text = refs[0].text
+    stop = [text[len(text) // 2 : len(text) // 2 + 3]]
+    stopped = model.complete(PROMPTS[0], max_tokens=16, stop=stop, **kw)
+    assert stopped.finish_reason == "stop" and len(stopped.tokens) < 16
+    runner = _Feeding(plain, [])
+    monkeypatch.setattr(model, "runner", runner)
+    for p, ref in zip(PROMPTS, refs):
+        got = model.complete(p, max_tokens=16, **kw)
+        assert (got.tokens, got.text, got.finish_reason) == (ref.tokens, ref.text,
+                                                             ref.finish_reason), p  # fmt: skip
+    assert runner.fed_rows == sum(len(r.tokens) - 2 for r in refs)  # all but the first two
+    got = model.complete(PROMPTS[0], max_tokens=16, stop=stop, **kw)
+    assert (got.tokens, got.text, got.finish_reason) == (stopped.tokens, stopped.text, "stop")

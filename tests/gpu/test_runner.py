@@ -193,6 +193,20 @@ def test_sampled_generation_repeats_with_its_seed(rt, golden_dir):  # rt: skips 
         model.runner.close()
 
 
+def test_generation_run_ahead_equals_step_by_step(rt, golden_dir):
+    """Model.generate starting each step before reading the last token (fed on the device)
+    gives the tokens of the step-by-step loop: greedy and seeded sampling."""
+    model = forge.load(str(golden_dir / "models" / "gemma3-q4_k_m.gguf"), backend="hip", n_ctx=128)
+    try:
+        kws = [dict(temperature=0), dict(temperature=0.9, top_k=30, seed=3)]
+        ahead = [model.complete([2, 10, 20, 30], max_tokens=24, **kw).tokens for kw in kws]
+        model.runner.feeds_picks = False  # this instance: the step-by-step loop
+        steps = [model.complete([2, 10, 20, 30], max_tokens=24, **kw).tokens for kw in kws]
+        assert ahead == steps and len(ahead[0]) == 24
+    finally:
+        model.runner.close()
+
+
 def test_replacement_matmul_kernel_is_used(rt, golden_dir):
     """A plugin's Q8_0 matmul (here matvec.hip's per-type kernel) replaces the built-in one."""
     from forge_hip.library import HipKernel
