@@ -215,7 +215,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         one, fed = [DeviceSampling()], np.zeros(1, np.int32)
         started = runner.start_sample([SeqBatch(np.array([tok], np.int32), 1, table)], one)
         for i in range(1, n):
-            ahead = runner.start_sample([SeqBatch(fed, 1 + i, table)], one, [0])
+            ahead = runner.start_sample([SeqBatch(fed, 1 + i, table)], one, [0], started)
             started()
             started = ahead
         started()

@@ -252,7 +252,8 @@ class Model:
             if not state.full_after(1):  # the step after it, fed from its pick
                 table.ensure(pos + 2)
                 batch = [SeqBatch(np.zeros(1, np.int32), pos + 1, table.array())]
-                ahead = runner.start_sample(batch, [state.device_pick(ahead=1)], feed=[0])
+                pick = [state.device_pick(ahead=1)]
+                ahead = runner.start_sample(batch, pick, feed=[0], feed_from=started)
             event = state.take(started()[0])
             started = ahead
 

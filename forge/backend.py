@@ -159,16 +159,18 @@ class Runner(ABC):
         batch: list[SeqBatch],
         picks: list[DeviceSampling | None],
         feed: list[int] | None = None,
+        feed_from: Callable[[], list[int | None]] | None = None,
     ) -> Callable[[], list[int | None]]:
         """Start `forward_sample(batch, picks)` and return a function that waits for its
         tokens. The engine does its host work for the previous tokens in between, so a runner
         whose passes run asynchronously (a GPU) overlaps the two. This default runs the pass
         before returning.
 
-        `feed` (runners with `feeds_picks` only): per sequence, -1, or the batch row of the
-        previous `start_sample` whose picked token is this sequence's one token (its `tokens`
-        are then a placeholder). Call each returned function before the runner's next pass, or,
-        when that pass feeds from it, before the pass after that."""
+        `feed` (runners with `feeds_picks` only): per sequence, -1, or the batch row of the step
+        `feed_from` (a function an earlier `start_sample` returned) whose picked token is this
+        sequence's one token (its `tokens` are then a placeholder); `feed_from` need not have
+        been called. Call each returned function before the runner's next pass, or, when that
+        pass feeds from it, before the pass after that."""
         if feed is not None and any(f >= 0 for f in feed):
             raise NotImplementedError(f"{type(self).__name__} cannot feed picked tokens")
         tokens = self.forward_sample(batch, picks)

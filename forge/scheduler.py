@@ -316,7 +316,7 @@ class Scheduler:
         self.steps += 1
         self.prompt_steps += any(n > 1 for _, n in plan)
         per_row = [picks.get(i) for i in range(len(batch))]
-        collect = runner.start_sample(batch, per_row, feed)
+        collect = runner.start_sample(batch, per_row, feed, started.collect)
         return _Started(sampling, collect, frozenset(id(r) for r, _ in plan if id(r) in fed))
 
     def _take(self, requests: list[_Request]) -> None:

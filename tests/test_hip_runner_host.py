@@ -184,8 +184,9 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
 def test_a_fed_step_takes_its_tokens_from_the_last_steps_picks(golden_dir):
     """start_sample's feed: after a graph-replayed decode step, whose picked ids stay on the
     device, the next step's metadata names the ids row each fed sequence copies (feed_ids, the
-    first launch of every pass, does it); after another pass in between, the picks are read and
-    written into the batch instead. Misuse is a clear error."""
+    first launch of every pass, does it); after another pass in between, or from a step that is
+    not the last one started, the picks are read and written into the batch instead. Misuse is
+    a clear error."""
     from forge.backend import DeviceSampling
 
     rt = FakeRuntime()
@@ -195,30 +196,36 @@ def test_a_fed_step_takes_its_tokens_from_the_last_steps_picks(golden_dir):
     batch = [SeqBatch(np.array([5 + i], np.int32), 3, t) for i, t in enumerate(tables)]
     fed = [SeqBatch(np.array([9], np.int32), 4, t) for t in tables]
     picks = [DeviceSampling()] * 3
-    with pytest.raises(ForgeRuntimeError, match="not started"):
+    with pytest.raises(ForgeRuntimeError, match="feed_from"):
         runner.start_sample(fed, picks, feed=[0, 0, 0])
     first = runner.start_sample(batch, picks)
     assert rt.launches[0][0] == "feed_ids" and rt.launches[0][2]  # captured, first
-    second = runner.start_sample(fed, picks, feed=[2, -1, 0])
+    second = runner.start_sample(fed, picks, [2, -1, 0], first)
     meta = runner.meta
     assert list(meta.field("feed")[:3]) == [2, -1, 0]
     assert list(meta.field("ids")[:3]) == [9, 9, 9]  # placeholders, replaced on the device
     assert first() == [0, 0, 0] and second() == [0, 0, 0]  # the fake's copies give zeros
     # a pass holding a prompt: its picks are gathered into ids rows 0 and 1
     prompt = SeqBatch(np.arange(1, 6, dtype=np.int32), 0, tables[2])
-    runner.start_sample([prompt, batch[1], batch[0]], [picks[0], None, picks[0]])
-    runner.start_sample(fed, picks, feed=[2, -1, 0])
+    mixed = runner.start_sample([prompt, batch[1], batch[0]], [picks[0], None, picks[0]])
+    runner.start_sample(fed, picks, [2, -1, 0], mixed)
     assert list(meta.field("feed")[:7]) == [1, -1, 0, -1, -1, -1, -1]
+    with pytest.raises(ForgeRuntimeError, match="picked no token"):
+        runner.start_sample(fed, picks, [1, 1, 1], mixed)  # batch row 1 picked nothing
     third = runner.start_sample(batch, picks)
     runner.forward([SeqBatch(np.arange(1, 5, dtype=np.int32), 0, tables[0], "none")])
-    runner.start_sample(fed, picks, feed=[1, 1, 1])()
+    runner.start_sample(fed, picks, [1, 1, 1], third)()
     assert list(meta.field("feed")[:3]) == [-1, -1, -1]  # read on the host instead
     assert list(meta.field("ids")[:3]) == third()  # the picks, in place of the placeholders
+    fourth = runner.start_sample(batch, picks)
+    runner.start_sample(batch, picks)  # another step started after it: fourth is not the last
+    runner.start_sample(fed, picks, [0, 1, 2], fourth)
+    assert list(meta.field("feed")[:3]) == [-1, -1, -1]
     two = [SeqBatch(np.array([1, 2], np.int32), 4, tables[0])]
     with pytest.raises(ForgeRuntimeError, match="exactly one token"):
-        runner.start_sample(two, picks[:1], feed=[0])
+        runner.start_sample(two, picks[:1], [0], fourth)
     with pytest.raises(ForgeRuntimeError, match="picks"):
-        runner.start_sample(fed, picks, feed=[0])
+        runner.start_sample(fed, picks, [0], fourth)
     runner.close()
     assert not rt.live
 

@@ -251,15 +251,15 @@ class _Feeding(_Deferring):
 
     def __init__(self, runner, log):
         super().__init__(runner, log)
-        self.previous = None
         self.fed_rows = 0
 
-    def start_sample(self, batch, picks, feed=None):
+    def start_sample(self, batch, picks, feed=None, feed_from=None):
         fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
         self.log.append("start fed" if fed else "start")
         self.fed_rows += len(fed)
         batch = [SeqBatch(b.tokens.copy(), b.start, b.block_table.copy(), b.output) for b in batch]
-        previous, done = self.previous, []
+        assert not fed or feed_from is not None
+        previous, done = feed_from, []
 
         def collect():
             if not done:
@@ -272,7 +272,6 @@ class _Feeding(_Deferring):
                 done.append(self.runner.forward_sample(batch, picks))
             return done[0]
 
-        self.previous = collect
         return collect
 
 
@@ -444,3 +443,22 @@ def test_generate_runs_one_step_ahead_on_a_feeding_runner(model, monkeypatch, kw
     assert runner.fed_rows == sum(len(r.tokens) - 2 for r in refs)  # all but the first two
     got = model.complete(PROMPTS[0], max_tokens=16, stop=stop, **kw)
     assert (got.tokens, got.text, got.finish_reason) == (stopped.tokens, stopped.text, "stop")
+
+
+def test_generators_interleaved_on_a_feeding_runner_keep_their_own_tokens(model, monkeypatch):
+    """Two generations advanced in turn on one runner that feeds picks: each step is fed from
+    its own sequence's last step (named by feed_from), never from the step the other one
+    started in between."""
+    plain = model.runner
+    monkeypatch.setattr(model, "runner", _Deferring(plain, []))
+    refs = [model.complete(p, max_tokens=12, temperature=0).text for p in PROMPTS[:2]]
+    assert refs[0] != refs[1]
+    runner = _Feeding(plain, [])
+    monkeypatch.setattr(model, "runner", runner)
+    texts = ["", ""]
+    for a, b in zip(*(model.generate(p, max_tokens=12, temperature=0) for p in PROMPTS[:2])):
+        texts[0] += a
+        texts[1] += b
+    assert runner.fed_rows > 0 and all(texts)
+    for i, p in enumerate(PROMPTS[:2]):  # zip stops at the shorter: the rest of each, alone
+        assert refs[i].startswith(texts[i]), p

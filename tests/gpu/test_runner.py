@@ -158,7 +158,10 @@ def _fed_and_host_fed(runner, n_seq: int, rng) -> tuple[list, list]:
         want.append(tokens)
     started = [runner.start_sample(batch(0, [int(s[-1]) for s in seqs]), picks(0))]
     for k in range(1, 4):
-        started.append(runner.start_sample(batch(k, [0] * n_seq), picks(k), list(range(n_seq))))
+        feed = list(range(n_seq))
+        started.append(runner.start_sample(batch(k, [0] * n_seq), picks(k), feed, started[-1]))
+        if n_seq <= runner._decode_graph_rows:  # fed on the device, not read first
+            assert list(runner.meta.field("feed")[:n_seq]) == feed
     return [c() for c in started], want
 
 

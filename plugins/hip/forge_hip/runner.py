@@ -7,7 +7,7 @@ refreshed by a single host->device copy, so Python launches nothing per token. G
 (`forward_argmax`) and sampling (`forward_sample`: top-k / top-p / min-p / temperature with a
 counter-based generator) pick tokens on the device and copy back only their ids;
 `start_sample` returns as soon as such a step is queued on the stream, so the engine's host work
-runs while the GPU computes. Its `feed` takes a sequence's next token from the ids the previous
+runs while the GPU computes. Its `feed` takes a sequence's next token from the ids an earlier
 started step picked, still on the device: the engine starts step N+1 before it reads step N's
 tokens, and the GPU never waits for the host between decode steps.
 """
@@ -156,7 +156,8 @@ class HipRunner(Runner):
             self.out_rows = out_rows(spec)
             self._decode_graph_rows = min(self.out_rows, DECODE_GRAPH_ROWS)
             self.use_graphs = True
-            self._picked_host = [self.rt.alloc_host(4 * self.out_rows) for _ in range(2)]
+            for _ in range(2):  # each kept at once: close() frees what was taken
+                self._picked_host.append(self.rt.alloc_host(4 * self.out_rows))
             self._picked_done = [self.rt.event() for _ in range(2)]
             self._slot = 0  # the _picked_host entry the next async step copies its ids into
         except BaseException:
@@ -188,13 +189,18 @@ class HipRunner(Runner):
         return self.start_sample(batch, picks)()
 
     def start_sample(
-        self, batch: list[SeqBatch], picks: list[Pick], feed: list[int] | None = None
+        self,
+        batch: list[SeqBatch],
+        picks: list[Pick],
+        feed: list[int] | None = None,
+        feed_from: Callable[[], list] | None = None,
     ) -> Callable[[], list]:
         """Queue the pass and return; a graph-replayed decode step's ids are read (waiting for
         the event recorded after their copy) only when the returned function is called. Other
-        passes run now. `feed[i] >= 0`: sequence i's one token is the id the previous
-        `start_sample` picked for its batch row feed[i], which need not be read yet; on the
-        device when that step's ids are still there, else read first."""
+        passes run now. `feed[i] >= 0`: sequence i's one token is the id that the step
+        `feed_from` (an earlier start_sample's function, not necessarily called yet) picked for
+        its batch row feed[i]: copied on the device when it is the last step started and its ids
+        are still there, else read first."""
         if len(picks) != len(batch) or (feed is not None and len(feed) != len(batch)):
             raise ForgeRuntimeError(f"{len(picks)} picks (and feed) for a batch of {len(batch)}")
         lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
@@ -202,7 +208,7 @@ class HipRunner(Runner):
         fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
         src, on_device = self._source, None
         if fed:
-            on_device = self._feed_source(lasts, fed)
+            on_device = self._feed_source(lasts, fed, feed_from)
         pieces = self._begin(lasts, keep=src.result if on_device is not None else None)
         if len(pieces) == 1 and len(pieces[0][0]) == len(batch):  # one piece per sequence
             fetch = self._launch(pieces[0][0], True, picks, on_device)
@@ -216,24 +222,27 @@ class HipRunner(Runner):
         self._source = _Source(result, self._in_am)
         return result
 
-    def _feed_source(self, lasts: list[SeqBatch], fed: list[tuple[int, int]]) -> list[int] | None:
-        """Check `fed` (batch row, source row) against the previous started step. Returns the
-        feed field (per row: the ids row to copy, or -1) when the ids are still on the device
-        and the pass is one piece; otherwise reads them and writes them into `lasts`."""
-        src = self._source
-        if src is None:
-            raise ForgeRuntimeError("feed names a step that was not started")
+    def _feed_source(
+        self, lasts: list[SeqBatch], fed: list[tuple[int, int]], feed_from: Callable | None
+    ) -> list[int] | None:
+        """Check `fed` (batch row, source row) against the step `feed_from`. Returns the feed
+        field (per row: the ids row to copy, or -1) when that step is the last one started, its
+        ids are still on the device and the pass is one piece; otherwise reads them and writes
+        them into `lasts`."""
+        if feed_from is None:
+            raise ForgeRuntimeError("feed names no step to take the tokens from (feed_from)")
         if any(len(lasts[i].tokens) != 1 for i, _ in fed):
             raise ForgeRuntimeError("a fed sequence adds exactly one token")
         sizes = [len(b.tokens) for b in lasts]
-        in_am = src.in_am
+        src = self._source
+        in_am = src.in_am if src is not None and src.result is feed_from else None
         on_device = in_am is not None and all(f < len(in_am) and in_am[f] >= 0 for _, f in fed)
         if on_device and sum(sizes) <= ROW_CAP and all(sizes):
             field = [-1] * len(lasts)
             for i, f in fed:
                 field[i] = int(in_am[f])
             return field
-        picked = src.result()
+        picked = feed_from()
         for i, f in fed:
             token = picked[f] if f < len(picked) else None
             if token is None:
@@ -379,8 +388,9 @@ class HipRunner(Runner):
         one_each = rows == len(chunk)  # every piece is one token: decode rows
         if one_each and rows <= self._decode_graph_rows and self.use_graphs:
             self.graphs.run(rows, lambda: self._enqueue(rows))
-            if ids:  # ws.am row r: batch row r's pick
-                return self._picked_later(wanted, rows, np.arange(rows))
+            if ids:  # ws.am row r: batch row r's pick (rows that want none: not fed from)
+                in_am = np.array([r if len(w) else -1 for r, w in enumerate(wanted)])
+                return self._picked_later(wanted, rows, in_am)
             return lambda: self._fetch(wanted, np.arange(rows), ids)
         if 1 < rows <= PASS_GRAPH_ROWS and self.use_graphs:
             key = ("pass", rows, one_each)
