@@ -311,7 +311,7 @@ def load(
     gguf = open_gguf(path)
     spec = build_spec(gguf)
     tokenizer = tokenizer_from_metadata(gguf.metadata)
-    n_ctx = min(n_ctx or config.n_ctx or DEFAULT_N_CTX, spec.n_ctx_train)
+    n_ctx = _context(n_ctx, config, spec)
     runner = _open_runner(pm, name, spec, gguf, config, progress, n_ctx)
     if runner is None:  # the chosen backend failed to open and a fallback is configured
         name = config.fallback
@@ -330,6 +330,49 @@ def load(
     )
     pm.notify("forge_model_loaded", model=model)
     return model
+
+
+def open_front(path: str | None = None, *, config: Any = None, n_ctx: int | None = None) -> Model:
+    """A Model that tokenizes, renders chat templates and validates requests (`start`) exactly
+    as `load` would, but holds no weights and runs nothing: the HTTP side of `forge serve`,
+    whose engine loads the model in another process. Same arguments as `load` (no backend)."""
+    from forge.config import Config, load_config
+    from forge.plugins import get_plugin_manager
+
+    if not isinstance(config, Config):
+        config, _ = load_config(dict(config or {}))
+    path = path or config.model or default_model_path()
+    gguf = open_gguf(path)
+    spec = build_spec(gguf)
+    return Model(
+        path=path,
+        gguf=gguf,
+        spec=spec,
+        tokenizer=tokenizer_from_metadata(gguf.metadata),
+        runner=_NoRunner(spec),
+        backend="none",
+        n_ctx=_context(n_ctx, config, spec),
+        samplers=get_plugin_manager().samplers,
+        sampling_defaults=config.sampling.model_dump(exclude_none=True),
+    )
+
+
+def _context(n_ctx: int | None, config: Any, spec: ModelSpec) -> int:
+    """The context a model gets: asked for, else configured, within what it was trained for."""
+    return min(n_ctx or config.n_ctx or DEFAULT_N_CTX, spec.n_ctx_train)
+
+
+class _NoRunner(Runner):
+    """The runner of `open_front`'s model: it has no device and no weights."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+        pass
+
+    def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
+        raise UsageError("this model only tokenizes: its engine runs in another process")
 
 
 def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None:

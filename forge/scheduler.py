@@ -108,6 +108,11 @@ class Handle:
     def id(self) -> int:
         return self._request.id
 
+    @property
+    def done(self) -> bool:
+        """True once the request finished (its last message is sent or being sent)."""
+        return self._request.state.finished
+
     def cancel(self) -> None:
         self._request.cancelled = True
         self._scheduler._wake()
@@ -117,10 +122,14 @@ class Scheduler:
     """Runs `model`'s sequences in batches on a background thread (call `start()` first)."""
 
     def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK):  # fmt: skip
+                 prefill_chunk: int = PREFILL_CHUNK,
+                 on_step: Callable[[], None] | None = None):  # fmt: skip
+        """`on_step`: called on the scheduler thread after each step's tokens were handed to
+        their callbacks, while the next step computes (a place to pass them on in bulk)."""
         if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
         self.model = model
+        self.on_step = on_step
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
         self._waiting: collections.deque[_Request] = collections.deque()
         self._running: list[_Request] = []
@@ -226,12 +235,16 @@ class Scheduler:
                               type(exc).__name__, exc)  # fmt: skip
                 for request in list(self._running):
                     self._finish(request, "error", f"{type(exc).__name__}: {exc}")
+            if self.on_step is not None:
+                self.on_step()
             with self._cond:
                 self._cond.notify_all()  # wakes stop() waiting for the queues to empty
         leftover = list(self._running) + list(self._waiting)
         self._waiting.clear()
         for request in leftover:
             self._finish(request, "cancelled")
+        if self.on_step is not None:
+            self.on_step()
 
     def _drop_cancelled(self) -> None:
         for request in [r for r in self._waiting if r.cancelled]:

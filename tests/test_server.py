@@ -37,9 +37,10 @@ def _free_port() -> int:
 
 
 class Server:
-    """A `forge serve` subprocess; `url` once /ready says 200."""
+    """A `forge serve` subprocess; `url` once /ready says 200 (or, with `until="failed"`, once
+    it says the model failed to load)."""
 
-    def __init__(self, model_path, tmp_path, *args, env=None):
+    def __init__(self, model_path, tmp_path, *args, env=None, until="ready"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (tmp_path / f"server-{self.port}.log").open("w+")
@@ -54,13 +55,13 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.output()}")
             try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/ready", timeout=2).json()["status"] == until:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server not ready in 60 s: {self.output()}")
+        raise RuntimeError(f"server not {until} in 60 s: {self.output()}")
 
     def output(self) -> str:
         self.log.flush()

@@ -1,7 +1,8 @@
 """``forge serve [MODEL]``: the OpenAI-compatible HTTP server (needs the ``server`` extra).
 
-Binds 127.0.0.1 unless --host says otherwise. The model loads in the background: /health
-answers at once, /ready turns 200 when the model is in. SIGTERM (or Ctrl-C) stops new requests
+Binds 127.0.0.1 unless --host says otherwise. The model runs in a child process (HTTP here, the
+engine there: `forge.server.engine_process`) and loads in the background: /health answers at
+once, /ready turns 200 when the model is in. SIGTERM (or Ctrl-C) stops new requests
 (503) and lets the running ones finish before the process exits.
 """
 
@@ -47,11 +48,14 @@ def serve(args: Any, ctx: Any) -> int:
     if config.api_key is None and os.environ.get("FORGE_API_KEY"):
         config = config.model_copy(update={"api_key": os.environ["FORGE_API_KEY"]})
 
-    def loader():  # noqa: ANN202 - forge.Model
-        from forge.cli.run import load_model
+    def loader():  # noqa: ANN202 - the engine process, its model loaded
+        from forge.api import open_front
+        from forge.server.engine_process import EngineProcess
 
-        args.no_progress = True
-        return load_model(args, ctx)
+        front = open_front(getattr(args, "model_path", None), config=ctx.config)
+        engine = EngineProcess(front, ctx.config, max_batch=config.max_batch,
+                               max_queue=config.max_queue)  # fmt: skip
+        return engine.wait_ready()
 
     app = create_app(loader, config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",

@@ -4,8 +4,9 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI'
 ``Authorization: Bearer <key>`` when `config.api_key` is set), GET /health (the process is up),
 GET /ready (200 once the model is loaded, 503 before), GET /metrics (Prometheus text format).
 
-With a loader (a callable returning a `forge.Model`), the model loads in a background thread at
-startup so /health and /ready answer meanwhile; with a loaded model the app is ready at once.
+With a loader (a callable returning a `forge.Model`, or an `EngineProcess` running the model in a
+child process), the model loads in a background thread at startup so /health and /ready answer
+meanwhile; with a loaded model the app is ready at once.
 At shutdown the scheduler stops taking requests (503) and finishes the ones it has.
 """
 
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from forge.config import ServerConfig
 from forge.server import endpoints
+from forge.server.engine_process import EngineProcess
 from forge.server.errors import APIError, install_error_handlers
 from forge.server.metrics import Metrics
 from forge.server.schemas import ChatRequest, CompletionRequest
@@ -47,10 +49,14 @@ class _State:
     def stats(self) -> dict[str, float]:
         return self.service.scheduler.stats() if self.service else {}
 
-    def attach(self, model: Any) -> None:
+    def attach(self, loaded: Any) -> None:
+        """Serve `loaded`: a forge.Model (run in this process) or an EngineProcess (its model
+        runs in a child process)."""
         cfg = self.config
+        model, scheduler = (loaded.model, loaded) if isinstance(loaded, EngineProcess) else (
+            loaded, None)  # fmt: skip
         self.service = Service(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue,
-                               metrics=self.metrics)  # fmt: skip
+                               metrics=self.metrics, scheduler=scheduler)  # fmt: skip
         if self.draining:
             self.service.scheduler.drain()
         log.info("serving %s (id %r)", model.path, self.service.id)
@@ -144,6 +150,9 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
             body = {"status": "failed" if state.load_error else "loading",
                     "error": state.load_error}  # fmt: skip
             return JSONResponse(body, 503)
+        lost = getattr(state.service.scheduler, "lost", None)  # an engine process that died
+        if lost and not state.draining:
+            return JSONResponse({"status": "failed", "error": lost}, 503)
         return JSONResponse({"status": "ready", "model": state.service.id})
 
     @app.get("/metrics")

@@ -113,7 +113,10 @@ class Generation:
                 self._waiter = None
         messages, self._arrivals = self._arrivals, []
         times, self._times = self._times, []
-        if times:  # timed when the scheduler made each token, so batching does not skew them
+        # timed when each token reached this process (with the engine in a child process: when
+        # the step that made it was sent, within one step), so the loop's batching does not skew
+        # them
+        if times:
             m = self.service.metrics
             m.generated_tokens.inc(len(times))
             last = self._last
@@ -132,15 +135,20 @@ class Generation:
 
 
 class Service:
-    """A loaded model, its id, scheduler and metrics."""
+    """A loaded model, its id, scheduler and metrics (the scheduler may run the model in
+    another process: `forge.server.engine_process`)."""
 
     def __init__(self, model: Any, *, max_batch: int, max_queue: int, metrics: Metrics,
-                 wake_interval: float = WAKE_INTERVAL_S):  # fmt: skip
+                 wake_interval: float = WAKE_INTERVAL_S, scheduler: Any = None):  # fmt: skip
+        """`scheduler`: one already running the model elsewhere (an `EngineProcess`, whose
+        `model` then only tokenizes); None starts a `Scheduler` in this process."""
         self.model = model
         self.id = model_id(model)
         self.created = int(time.time())
         self.metrics = metrics
-        self.scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue).start()
+        self.scheduler = (
+            scheduler or Scheduler(model, max_batch=max_batch, max_queue=max_queue).start()
+        )
         self._template = resolve_chat_template(model.tokenizer)
         self.wake_interval = wake_interval
         self._inboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,0 +1,171 @@
+"""`forge serve`'s engine process (forge.server.engine_process): the model runs in a child of
+the HTTP process. What must hold when the child fails: a model the backend cannot load is
+reported by /ready with the reason; a child that dies ends every open request with an error
+and the server answers 503 instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.test_server import MODEL, Server
+
+pytest.importorskip("fastapi")
+
+
+def _engine_pid(server: Server) -> int:
+    """The engine child of the server process (its only child besides multiprocessing's
+    resource tracker, which runs `multiprocessing.resource_tracker`)."""
+    for task in os.listdir(f"/proc/{server.proc.pid}/task"):
+        with open(f"/proc/{server.proc.pid}/task/{task}/children") as f:
+            for pid in f.read().split():
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    if b"spawn_main" in c.read():
+                        return int(pid)
+    raise AssertionError("no engine process")
+
+
+def test_generation_runs_in_the_engine_process(golden_dir, tmp_path):
+    server = Server(golden_dir / "models" / f"{MODEL}.gguf", tmp_path)
+    try:
+        engine = _engine_pid(server)
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        assert server.metrics()["forge_generated_tokens_total"] == 4
+        os.kill(engine, signal.SIGKILL)  # the engine dies under the server
+        deadline = time.monotonic() + 20
+        while httpx.get(server.url + "/ready", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline, "/ready still says ready"
+            time.sleep(0.05)
+        ready = httpx.get(server.url + "/ready", timeout=5).json()
+        assert ready["status"] == "failed" and "engine" in ready["error"]
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_open_streams_end_with_an_error_when_the_engine_dies(golden_dir, tmp_path):
+    server = Server(golden_dir / "models" / f"{MODEL}.gguf", tmp_path)
+    try:
+        body = {"model": MODEL, "prompt": "Tell me everything", "max_tokens": 900,
+                "temperature": 1, "logit_bias": {"2": -100}, "stream": True}  # fmt: skip
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            assert first.startswith("data: {")
+            os.kill(_engine_pid(server), signal.SIGKILL)
+            rest = list(lines)  # ends instead of hanging
+        events = [json.loads(x[6:]) for x in rest if x.startswith("data: {")]
+        assert "error" in events[-1] and "engine" in events[-1]["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_a_model_the_backend_cannot_load_is_reported_by_ready(golden_dir, tmp_path):
+    """The front (HTTP) side opens the GGUF; the engine fails to load it on a backend this
+    machine lacks: /ready turns 503 with the engine's reason and the process keeps answering."""
+    server = Server(golden_dir / "models" / f"{MODEL}.gguf", tmp_path, "--backend",
+                    "no-such-backend", until="failed")  # fmt: skip
+    try:
+        r = httpx.get(server.url + "/ready", timeout=5)
+        assert r.status_code == 503 and "no-such-backend" in r.json()["error"]
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
+        assert r.status_code == 503 and "no-such-backend" in r.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+SLOW_LOAD = """
+import os
+import time
+
+if os.environ.get("FORGE_TEST_LOAD_DELAY"):
+    import forge.api
+
+    _load = forge.api.load
+
+    def _slow_load(*args, **kwargs):
+        time.sleep(float(os.environ["FORGE_TEST_LOAD_DELAY"]))
+        return _load(*args, **kwargs)
+
+    forge.api.load = _slow_load
+"""
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # exited, not yet reaped
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_engine_loads_ends_both_processes(golden_dir, tmp_path, sig):
+    """Ctrl-C or SIGTERM before the model is in: the server exits at once (no drain to wait
+    for) and its engine child, which ignores both signals, does not outlive it."""
+    (tmp_path / "sitecustomize.py").write_text(SLOW_LOAD)
+    env = {
+        "FORGE_TEST_LOAD_DELAY": "60",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    server = Server(golden_dir / "models" / f"{MODEL}.gguf", tmp_path, env=env, until="loading")
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # /ready says "loading" from the start; the child is spawned just after
+            try:
+                engine = _engine_pid(server)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "no engine process"
+                time.sleep(0.05)
+        server.proc.send_signal(sig)
+        server.proc.wait(20)  # raises TimeoutExpired if the server hangs
+        assert _gone(engine, 10), "the engine process outlived the server"
+    finally:
+        server.stop()
+
+
+def test_drain_from_a_signal_handler_does_not_wait_for_the_pipe():
+    """SIGTERM's handler runs drain() on the main thread, which may be inside a send holding
+    the pipe's lock: drain must return at once, and its message follows once the lock is free."""
+    import threading
+
+    from forge.server.engine_process import EngineProcess
+
+    class Pipe:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    engine = EngineProcess.__new__(EngineProcess)  # the parts drain() uses, no child process
+    engine._send_lock, engine._commands, engine._accepting = threading.Lock(), Pipe(), True
+
+    def interrupted_send():
+        with engine._send_lock:  # as if the signal came in the middle of a send
+            engine.drain()
+
+    t = threading.Thread(target=interrupted_send, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "drain() waited for the lock its own thread holds"
+    assert not engine._accepting
+    deadline = time.monotonic() + 5
+    while engine._commands.sent != [("drain",)]:
+        assert time.monotonic() < deadline, engine._commands.sent
+        time.sleep(0.01)
