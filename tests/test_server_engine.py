@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 from tests.test_server import MODEL, Server
 
 pytest.importorskip("fastapi")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds processes through /proc")
 
 
 def _engine_pid(server: Server) -> int:
@@ -141,7 +143,7 @@ def test_a_signal_while_the_engine_loads_ends_both_processes(golden_dir, tmp_pat
 
 def test_drain_from_a_signal_handler_does_not_wait_for_the_pipe():
     """SIGTERM's handler runs drain() on the main thread, which may be inside a send holding
-    the pipe's lock: drain must return at once, and its message follows once the lock is free."""
+    the pipe's lock: drain only refuses new requests (stop() drains the child), at once."""
     import threading
 
     from forge.server.engine_process import EngineProcess
@@ -164,8 +166,4 @@ def test_drain_from_a_signal_handler_does_not_wait_for_the_pipe():
     t.start()
     t.join(5)
     assert not t.is_alive(), "drain() waited for the lock its own thread holds"
-    assert not engine._accepting
-    deadline = time.monotonic() + 5
-    while engine._commands.sent != [("drain",)]:
-        assert time.monotonic() < deadline, engine._commands.sent
-        time.sleep(0.01)
+    assert not engine._accepting and engine._commands.sent == []

@@ -8,7 +8,7 @@ templates and validates requests like the real one, but runs nothing. Two one-wa
 the processes:
 
 - parent -> child: ("submit", rid, prompt ids, max_tokens, stop, logprobs, SamplingParams),
-  ("cancel", rid), ("drain",), ("stop", timeout);
+  ("cancel", rid), ("stop", timeout) (which drains: running requests finish first);
 - child -> parent: ("ready", info) or ("failed", why) once, then ("out", [(rid, TokenEvent or
   Finished), ...], stats) after each scheduler step (sent from the scheduler thread while the
   next step computes), a ("stats", stats) heartbeat while idle, and ("stopped", clean) last.
@@ -152,11 +152,10 @@ class EngineProcess:
         return self._lost
 
     def drain(self) -> None:
-        """Refuse new requests; the ones already sent run to completion. Safe in a signal
-        handler: the message goes from another thread, since the interrupted code may be
-        holding the pipe's lock."""
+        """Refuse new requests; the ones already sent run to completion. Only a flag: the
+        parent refuses new submissions itself, and SIGTERM's handler calls this, possibly while
+        the interrupted code holds the pipe's lock."""
         self._accepting = False
-        threading.Thread(target=self._send, args=(("drain",),), daemon=True).start()
 
     def stop(self, timeout: float | None = None) -> bool:
         """Drain, let the engine finish (or cancel past `timeout`), then end the child. True if
@@ -166,8 +165,7 @@ class EngineProcess:
         wait = None if timeout is None else timeout + 10.0
         clean = self._stopped.wait(wait) and self._clean
         self._proc.join(10.0)
-        if self._proc.is_alive():
-            self._kill()
+        self._kill()  # if still alive; unregisters the exit handler either way
         return bool(clean)
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -237,7 +235,7 @@ class EngineProcess:
     def _kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()
-        self._proc.join(5.0)
+            self._proc.join(5.0)
         atexit.unregister(self._kill)
 
 
@@ -262,11 +260,15 @@ class _Outbox:
 
     def flush(self) -> None:
         # taken and sent under the pipe's lock: two threads flushing keep the messages in order
-        with self._send_lock:
-            with self._lock:
-                items, self._items = self._items, []
-            if items:
-                self._send_locked("out", items)
+        try:
+            with self._send_lock:
+                with self._lock:
+                    items, self._items = self._items, []
+                if items:
+                    self._send_locked("out", items)
+        except Exception:  # messages lost: end the process, so the parent ends their requests
+            log.exception("sending to the server process failed")
+            os._exit(1)
 
     def close(self, clean: bool) -> None:
         """The last message: whether every request finished."""
@@ -294,7 +296,7 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
                 max_queue: int, n_ctx: int, parent: int) -> None:  # fmt: skip
     """The engine process: load the model, then run requests until told to stop (or until
     the parent goes away)."""
-    # the parent handles Ctrl-C and SIGTERM (draining through the pipe); a terminal's signal to
+    # the parent handles Ctrl-C and SIGTERM (stopping this process after a drain); a signal to
     # the whole process group must not kill the engine under its running requests
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -305,11 +307,17 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
     from forge.scheduler import Scheduler
 
     setup_logging(config.log_level)
+    scheduler = None
+    outbox = _Outbox(events, lambda: scheduler.stats())
     try:
         model = load(path, config=config, n_ctx=n_ctx)
         failed = None
         if model.n_ctx != n_ctx:
             failed = f"the engine's context ({model.n_ctx}) is not {n_ctx}"
+        else:  # started here: its preparation (graph captures) may fail too
+            # the parent bounds the waiting queue; this bound only catches a parent that does not
+            scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue + max_batch,
+                                  on_step=outbox.flush).start()  # fmt: skip
     except Exception as exc:  # reported to the parent, which serves 503 with the reason
         failed = f"{type(exc).__name__}: {exc}"
     try:
@@ -319,10 +327,6 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
         events.send(("ready", {"backend": model.backend, "n_ctx": model.n_ctx}))
     except OSError:  # the parent went away while this loaded
         return
-    outbox = _Outbox(events, lambda: scheduler.stats())
-    # the parent bounds the waiting queue; this bound only catches a parent that does not
-    scheduler = Scheduler(model, max_batch=max_batch, max_queue=max_queue + max_batch,
-                          on_step=outbox.flush).start()  # fmt: skip
     handles: dict[int, Any] = {}
     clean = False
     try:
@@ -342,8 +346,6 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
                 handle = handles.get(command[1])
                 if handle is not None:
                     handle.cancel()
-            elif kind == "drain":
-                scheduler.drain()
             elif kind == "stop":
                 clean = scheduler.stop(command[1])
                 break
@@ -377,5 +379,6 @@ def _submit(model, scheduler, outbox, handles, rid, prompt, max_tokens, stop, lo
         outbox.put(rid, Finished("error", len(prompt), 0, f"{type(exc).__name__}: {exc}"))
         outbox.flush()  # the scheduler thread may be idle
         return
-    if handles.get(rid) is not None and handles[rid].done:
+    handle = handles.get(rid)  # (on_event may pop it meanwhile, on the scheduler thread)
+    if handle is not None and handle.done:
         handles.pop(rid, None)  # it finished before submit returned
