@@ -18,7 +18,7 @@ import numpy as np
 
 from forge.backend import Runner, SeqBatch
 from forge.errors import ContextOverflowError, ForgeError, UsageError
-from forge.generation import SequenceState
+from forge.generation import SequenceState, TokenEvent
 from forge.gguf import GGUFFile, open_gguf
 from forge.kv_cache import BlockAllocator, BlockTable
 from forge.models import ModelSpec, build_spec
@@ -207,8 +207,9 @@ class Model:
             self.last_timings["prompt_seconds"] = t1 - t0
             event = state.take(row) if on_device else state.step(row[-1])
             if on_device and getattr(self.runner, "feeds_picks", False):
-                yield from self._decode_ahead(state, table, event, t1)
-                return
+                steps = self._decode_ahead(state, table)
+            else:
+                steps = self._decode_steps(state, table, on_device)
             while True:
                 if event.text:
                     yield event.text
@@ -216,37 +217,37 @@ class Model:
                 self.last_timings["generation_seconds"] = time.perf_counter() - t1
                 if state.finished:
                     return
-                pos = len(state.prompt) + len(state.generated) - 1
-                table.ensure(pos + 1)
-                batch = [SeqBatch(np.array([event.token], np.int32), pos, table.array())]
-                if state.is_greedy:
-                    event = state.take(self.runner.forward_argmax(batch)[0])
-                elif on_device:
-                    event = state.take(self.runner.forward_sample(batch, [state.device_pick()])[0])
-                else:
-                    event = state.step(self.runner.forward(batch)[0][-1])
+                event = next(steps)
         finally:
             table.release()
 
-    def _decode_ahead(
-        self, state: SequenceState, table: BlockTable, event: Any, t1: float
-    ) -> Iterator[str]:
-        """`_run`'s decode loop on a runner that feeds picks: each step starts before the last
-        one's token is read, that token fed from its pick on the device, so the device never
-        waits for the host. A step started for a sequence that the token before it ended (an
-        end-of-generation token, a stop string) is dropped."""
+    def _decode_steps(
+        self, state: SequenceState, table: BlockTable, on_device: bool
+    ) -> Iterator[TokenEvent]:
+        """`_run`'s decode: the event of each next token, one step at a time after the token
+        before it was taken."""
+        while True:
+            pos = len(state.prompt) + len(state.generated) - 1
+            table.ensure(pos + 1)
+            batch = [SeqBatch(np.array([state.generated[-1]], np.int32), pos, table.array())]
+            if state.is_greedy:
+                yield state.take(self.runner.forward_argmax(batch)[0])
+            elif on_device:
+                yield state.take(self.runner.forward_sample(batch, [state.device_pick()])[0])
+            else:
+                yield state.step(self.runner.forward(batch)[0][-1])
+
+    def _decode_ahead(self, state: SequenceState, table: BlockTable) -> Iterator[TokenEvent]:
+        """`_run`'s decode on a runner that feeds picks: each step starts before the last one's
+        token is read, that token fed from its pick on the device, so the device never waits
+        for the host. A step started for a sequence that the token before it ended (an
+        end-of-generation token, a stop string) is dropped with this generator."""
         runner, started = self.runner, None
         while True:
-            if event.text:
-                yield event.text
-            self.last_timings["generated_tokens"] = len(state.generated)
-            self.last_timings["generation_seconds"] = time.perf_counter() - t1
-            if state.finished:
-                return
             pos = len(state.prompt) + len(state.generated) - 1
             if started is None:  # the step feeding the token just taken
                 table.ensure(pos + 1)
-                batch = [SeqBatch(np.array([event.token], np.int32), pos, table.array())]
+                batch = [SeqBatch(np.array([state.generated[-1]], np.int32), pos, table.array())]
                 started = runner.start_sample(batch, [state.device_pick()])
             ahead = None
             if not state.full_after(1):  # the step after it, fed from its pick
@@ -254,7 +255,7 @@ class Model:
                 batch = [SeqBatch(np.zeros(1, np.int32), pos + 1, table.array())]
                 pick = [state.device_pick(ahead=1)]
                 ahead = runner.start_sample(batch, pick, feed=[0], feed_from=started)
-            event = state.take(started()[0])
+            yield state.take(started()[0])
             started = ahead
 
     def _check_ids(self, ids: Any) -> np.ndarray:

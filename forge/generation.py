@@ -67,7 +67,7 @@ class SequenceState:
         """True when taking `token` next certainly ends the sequence: an end-of-generation
         token, max_tokens, or the context full (a stop string needs the text: only `take` finds
         it)."""
-        return token in self.tokenizer.eog_ids or self._full(len(self.generated) + 1)
+        return token in self.tokenizer.eog_ids or self.full_after(1)
 
     def full_after(self, ahead: int) -> bool:
         """True when `ahead` more tokens certainly end the sequence by count (max_tokens, or the

@@ -308,14 +308,25 @@ class Scheduler:
         plan = self._plan(preempt=False, fed=fed)
         if not plan:
             return None
-        outputs = [id(r) in fed or n == len(r.pending) for r, n in plan]
-        sampling = [(r, i) for i, ((r, _), out) in enumerate(zip(plan, outputs)) if out]
+        sampling = _sampling(plan, fed)
         runner = self.model.runner
         picks = _picks(runner, sampling, fed)
         if picks is None:
             return None
+        batch, feed = self._batch(plan, sampling, fed)
+        per_row = [picks.get(i) for i in range(len(batch))]
+        collect = runner.start_sample(batch, per_row, feed, started.collect)
+        return _Started(sampling, collect, frozenset(id(r) for r, _ in plan if id(r) in fed))
+
+    def _batch(
+        self, plan: list[tuple[_Request, int]], sampling: list, fed: dict[int, int]
+    ) -> tuple[list[SeqBatch], list[int]]:
+        """The step's batch (each request's planned tokens taken from its pending ones, or a
+        placeholder for one fed on the device) and its feed (per row: the row of the step
+        before whose pick it takes, or -1). Counts the step."""
+        out_rows = {i for _, i in sampling}
         batch, feed = [], []
-        for (request, n), out in zip(plan, outputs):
+        for i, (request, n) in enumerate(plan):
             if id(request) in fed:
                 tokens = np.zeros(1, np.int32)  # a placeholder: the runner feeds the pick
                 feed.append(fed[id(request)])
@@ -324,13 +335,11 @@ class Scheduler:
                 del request.pending[:n]
                 feed.append(-1)
             batch.append(SeqBatch(tokens, request.cached, request.table.array(),
-                                  "last" if out else "none"))  # fmt: skip
+                                  "last" if i in out_rows else "none"))  # fmt: skip
             request.cached += n
         self.steps += 1
         self.prompt_steps += any(n > 1 for _, n in plan)
-        per_row = [picks.get(i) for i in range(len(batch))]
-        collect = runner.start_sample(batch, per_row, feed, started.collect)
-        return _Started(sampling, collect, frozenset(id(r) for r, _ in plan if id(r) in fed))
+        return batch, feed
 
     def _take(self, requests: list[_Request]) -> None:
         """Hand each picked token to its sequence's state and the request's callback."""
@@ -376,19 +385,9 @@ class Scheduler:
         """Run a planned step: started on the runner when it picks the tokens itself (the
         `_Started` to collect), else computed and sampled on the host now (after `picked` are
         taken, so each sequence gets its tokens in order)."""
-        batch = []
-        for request, n in plan:
-            last = n == len(request.pending)
-            tokens = np.asarray(request.pending[:n], dtype=np.int32)
-            batch.append(SeqBatch(tokens, request.cached, request.table.array(),
-                                  "last" if last else "none"))  # fmt: skip
-            request.cached += n
-            del request.pending[:n]
-        # (request, its row of the batch) for the rows whose next token is picked
-        sampling = [(r, i) for i, ((r, _), b) in enumerate(zip(plan, batch)) if b.output == "last"]
+        sampling = _sampling(plan, {})
+        batch, _ = self._batch(plan, sampling, {})
         runner = self.model.runner
-        self.steps += 1
-        self.prompt_steps += any(n > 1 for _, n in plan)
         picks = _picks(runner, sampling)
         if picks is not None:
             per_row = [picks.get(i) for i in range(len(batch))]
@@ -455,6 +454,12 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
     except Exception:
         log.exception("request %d: callback failed; cancelling it", request.id)
         request.cancelled = True
+
+
+def _sampling(plan: list[tuple[_Request, int]], fed: dict[int, int]) -> list[tuple[_Request, int]]:
+    """(request, its row of the batch) for the rows whose next token is picked: those fed
+    their last pending token (or their token on the device: `fed`)."""
+    return [(r, i) for i, (r, n) in enumerate(plan) if id(r) in fed or n == len(r.pending)]
 
 
 def _picks(runner, sampling: list, fed: dict[int, int] | None = None) -> dict | None:
