@@ -134,7 +134,6 @@ class HipRunner(Runner):
         self._unfetched: list[_Deferred] = []  # started steps' results not read yet, oldest first
         self._source: _Source | None = None  # the last started step, for the next one's feed
         self._picked_host: list[np.ndarray] = []  # page-locked ids of async steps, two in turn
-        self._in_am: np.ndarray | None = None  # per row of the step just launched: its ids row
         self._own_rt = runtime is None
         self.rt = runtime or open_runtime(None, device)
         try:
@@ -212,14 +211,15 @@ class HipRunner(Runner):
         pieces = self._begin(lasts, keep=src.result if on_device is not None else None)
         if len(pieces) == 1 and len(pieces[0][0]) == len(batch):  # one piece per sequence
             fetch = self._launch(pieces[0][0], True, picks, on_device)
+            in_am = getattr(fetch, "in_am", None)  # set when its ids stay in ws.am
         else:
             rows = self._forward(lasts, ids=True, picks=picks, pieces=pieces)
             fetch = lambda: rows  # noqa: E731
-            self._in_am = None  # ws.am holds the last piece's ids only
+            in_am = None  # ws.am holds the last piece's ids only
         result = _Deferred(lambda: [None if p is None else int(r[-1])
                                     for r, p in zip(fetch(), picks)])  # fmt: skip
         self._unfetched.append(result)
-        self._source = _Source(result, self._in_am)
+        self._source = _Source(result, in_am)
         return result
 
     def _feed_source(
@@ -257,7 +257,6 @@ class HipRunner(Runner):
         self._settle(keep)
         if self._source is not None and self._source.result is not keep:
             self._source = _Source(self._source.result, None)  # its ids will be overwritten
-        self._in_am = None
         self.rt.bind()
         if self.kv is None:
             raise ForgeRuntimeError("allocate_kv() must be called before forward()")
@@ -464,19 +463,20 @@ class HipRunner(Runner):
         """Queue the copy of a step's `rows` picked ids (ws.am) into page-locked memory (the
         next step may run before they are read: its feed reads them on the device first) and
         return the function that waits for that copy alone and gives each piece the ids rows
-        `wanted` names. `in_am`: per piece, its pick's ids row (-1: none), for that feed."""
+        `wanted` names. `in_am`: per piece, its pick's ids row (-1: none), for that feed; kept
+        as the function's `in_am`."""
         slot, self._slot = self._slot, self._slot ^ 1
         host = self._picked_host[slot].view(np.int32)[:rows]
         done = self._picked_done[slot]
         self.rt.copy_to_host(host, self.ws.am, self.stream)
         self.rt.record(done, self.stream)
-        self._in_am = in_am
 
         def fetch() -> list[np.ndarray | None]:
             self.rt.wait(done)
             picked = _check_picked(host.copy())
             return [picked[w] if len(w) else None for w in wanted]
 
+        fetch.in_am = in_am
         return fetch
 
     def _fetch(self, wanted, produced: np.ndarray, ids: bool) -> list[np.ndarray | None]:
