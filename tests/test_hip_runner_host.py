@@ -369,6 +369,34 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     assert need["workspace"] > 0
 
 
+def test_only_small_decode_products_prefetch_their_first_rows(golden_dir, monkeypatch):
+    """mmv.hip's L2 prefetch (flags bit 0) is asked for only by launches whose matrices hold at
+    most MVQ_PREFETCH_BYTES: the limit is set between this model's products here, so both kinds
+    occur."""
+    import forge_hip.plan as plan_module
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(32, 16)
+    mats = runner.plan.mats
+    sizes = sorted({p.n * p.row_bytes for p, _ in mats})
+    limit = sizes[len(sizes) // 2]
+    monkeypatch.setattr(plan_module, "MVQ_PREFETCH_BYTES", limit)
+    rt.launch_args.clear()
+    runner.forward_argmax([SeqBatch(np.array([5], np.int32), 3, np.arange(3, dtype=np.int32))])
+    seen = set()
+    for name, args in rt.launch_args:
+        if not name.startswith(("mvq_multi", "mvq_glu")):
+            continue
+        first, count = args[1], (args[2] if name.startswith("mvq_multi") else 2)
+        flags = args[10] if name.startswith("mvq_multi") else args[9]
+        big = sum(p.n * p.row_bytes for p, _ in mats[first : first + count]) > limit
+        assert flags == (0 if big else runner.plan.mvq_flags), (name, first, count)
+        seen.add(big)
+    assert seen == {True, False}
+    runner.close()
+
+
 def test_long_matrices_give_each_lane_a_whole_step_of_units():
     """Output heads (MVQ_LONG_N rows or more) with short rows take fewer lanes per row, so that
     every lane loads a whole step of units; other matrices keep the general rule."""
@@ -378,7 +406,9 @@ def test_long_matrices_give_each_lane_a_whole_step_of_units():
     assert mvq_lanes(["Q8_0"], 640, 1, 2048) == 16  # same rows, few of them
     assert mvq_lanes(["Q8_0"], 640, 2, MVQ_LONG_N) == 16  # two-row steps keep 16
     assert mvq_lanes(["Q8_0"], 1024, 1, MVQ_LONG_N) == 16  # 64 units: 4 per lane already
-    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 32  # llama-8B head: 256 units
+    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 16  # llama-8B head: 256 units, long
+    assert mvq_lanes(["Q6_K"], 4096, 1, 4096) == 32  # the same rows, few of them
+    assert mvq_lanes(["Q6_K"], 4096, 2, 128256) == 32  # more than one row
     assert mvq_lanes(["Q5_0", "Q5_0", "Q8_0"], 640, 1, 1024) == 16
 
 

@@ -76,6 +76,12 @@ MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
 MVQ_FLAGS = 1
+# ... and only for launches whose matrices hold at most this many bytes. In a big product the
+# blocks' first rows are much of the matrix (llama-8B down: 448 blocks of 8 rows of 11.8 KB, all
+# of its 48 MB), so the prefetch reads it twice and the second read misses L2 anyway. H200,
+# llama-8B twin, every product over this limit: graph step 2,927 -> 2,836 us, tg128 349.5 ->
+# 360.1 tok/s; gemma3 twin (all products under it but the head) unchanged, 1,687 tok/s.
+MVQ_PREFETCH_BYTES = 8 << 20
 # Elements per "unit" as mvq_lanes counts them: mmv.h's units (one lane's share of a step),
 # except Q4_K and Q6_K, counted at 32 and 16 elements though their units now hold 64 and 32: the
 # lane rules were measured with those counts, and the H100 A/B of the wider units keeps them
@@ -199,8 +205,11 @@ def mvq_lanes(types: list[str], k: int, rows: int = 1, n: int = 0) -> int:
     14.4 us). Matrices of MVQ_LONG_N rows or more with 32-127 units keep every lane at one whole
     step of units or more (MVQ_STEP, 4), since their rows alone fill the GPU: the gemma3 head, 40
     Q8_0 units, 84.8 us with 16 lanes (2-3 units, all in the unit-by-unit tail) vs 60.0 with 8
-    (H200, split Q8_0 rows)."""
+    (H200, split Q8_0 rows). Such heads with 128 units or more take 16 lanes: the llama-8B head,
+    Q6_K, 4096 x 128256, 161-164 -> 151-152 us in the decode step (H200, 32 lanes before)."""
     units = min(k // MVQ_UNIT[t] for t in types)
+    if units >= 128 and rows == 1 and n >= MVQ_LONG_N:
+        return 16
     if units >= 128 or (rows > MV_MAX_ROWS and units >= 32 and units % 32 == 0):
         return 32
     if units >= 32:
@@ -411,7 +420,8 @@ class Plan:
         most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
         grid = even_grid(items, most)
         xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
-        tail = [x, k, need, items, xg, self.mvq_flags]
+        big = sum(p.n * p.row_bytes for p in mats) > MVQ_PREFETCH_BYTES
+        tail = [x, k, need, items, xg, self.mvq_flags & ~1 if big else self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
             self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid, c), (MVQ_THREADS,),
