@@ -299,36 +299,21 @@ def load(
     `backend` overrides the configured one ("auto", "cpu_simd", "hip", ...); `config` is a
     `forge.config.Config`, a dict of overrides, or None (read from file/env).
     """
-    from forge.config import Config, load_config
     from forge.plugins import get_plugin_manager
 
-    if not isinstance(config, Config):
-        config, _ = load_config(dict(config or {}))
+    config = _config(config)
     if backend is not None:
         config = config.model_copy(update={"backend": backend})
     pm = get_plugin_manager()
     name, _ = pm.select_backend(config)
-    path = path or config.model or default_model_path()
-    gguf = open_gguf(path)
-    spec = build_spec(gguf)
-    tokenizer = tokenizer_from_metadata(gguf.metadata)
+    path, gguf, spec, tokenizer = _open_file(path, config)
     n_ctx = _context(n_ctx, config, spec)
     runner = _open_runner(pm, name, spec, gguf, config, progress, n_ctx)
     if runner is None:  # the chosen backend failed to open and a fallback is configured
         name = config.fallback
         no_fallback = config.model_copy(update={"fallback": None})
         runner = _open_runner(pm, name, spec, gguf, no_fallback, progress, n_ctx)
-    model = Model(
-        path=path,
-        gguf=gguf,
-        spec=spec,
-        tokenizer=tokenizer,
-        runner=runner,
-        backend=name,
-        n_ctx=n_ctx,
-        samplers=pm.samplers,
-        sampling_defaults=config.sampling.model_dump(exclude_none=True),
-    )
+    model = _model(path, gguf, spec, tokenizer, config, runner, name, n_ctx, pm)
     pm.notify("forge_model_loaded", model=model)
     return model
 
@@ -337,23 +322,47 @@ def open_front(path: str | None = None, *, config: Any = None, n_ctx: int | None
     """A Model that tokenizes, renders chat templates and validates requests (`start`) exactly
     as `load` would, but holds no weights and runs nothing: the HTTP side of `forge serve`,
     whose engine loads the model in another process. Same arguments as `load` (no backend)."""
-    from forge.config import Config, load_config
     from forge.plugins import get_plugin_manager
 
-    if not isinstance(config, Config):
-        config, _ = load_config(dict(config or {}))
+    config = _config(config)
+    path, gguf, spec, tokenizer = _open_file(path, config)
+    n_ctx = _context(n_ctx, config, spec)
+    runner, pm = _NoRunner(spec), get_plugin_manager()
+    return _model(path, gguf, spec, tokenizer, config, runner, "none", n_ctx, pm)
+
+
+def _config(config: Any) -> Any:
+    """`config` as a `forge.config.Config`: itself, or a dict of overrides (or None) applied
+    to the configuration read from file and environment."""
+    from forge.config import Config, load_config
+
+    if isinstance(config, Config):
+        return config
+    return load_config(dict(config or {}))[0]
+
+
+def _open_file(path: str | None, config: Any) -> tuple[str, GGUFFile, ModelSpec, Tokenizer]:
+    """The GGUF file to load (given, else configured, else the default model), opened, with
+    its model spec and tokenizer (both checked before any weights are read)."""
     path = path or config.model or default_model_path()
     gguf = open_gguf(path)
     spec = build_spec(gguf)
+    return path, gguf, spec, tokenizer_from_metadata(gguf.metadata)
+
+
+def _model(path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer, config: Any,
+           runner: Runner, backend: str, n_ctx: int, pm: Any) -> Model:  # fmt: skip
+    """The Model of an opened file on `runner`, with the plugins' samplers and the configured
+    sampling defaults (`load` and `open_front` alike)."""
     return Model(
         path=path,
         gguf=gguf,
         spec=spec,
-        tokenizer=tokenizer_from_metadata(gguf.metadata),
-        runner=_NoRunner(spec),
-        backend="none",
-        n_ctx=_context(n_ctx, config, spec),
-        samplers=get_plugin_manager().samplers,
+        tokenizer=tokenizer,
+        runner=runner,
+        backend=backend,
+        n_ctx=n_ctx,
+        samplers=pm.samplers,
         sampling_defaults=config.sampling.model_dump(exclude_none=True),
     )
 

@@ -174,16 +174,14 @@ class HipRuntime(Runtime):
         check(self._hip.hipEventRecord(event, stream), "hipEventRecord")
 
     def elapsed_ms(self, start, end) -> float:
-        check(self._hip.hipEventSynchronize(end), "hipEventSynchronize")
+        self.wait(end)
         return float(check(self._hip.hipEventElapsedTime(start, end), "hipEventElapsedTime"))
 
     def wait(self, event) -> None:
         check(self._hip.hipEventSynchronize(event), "hipEventSynchronize")
 
-    def alloc_host(self, nbytes: int) -> np.ndarray:
-        n = max(1, int(nbytes))
-        ptr = check(self._hip.hipHostMalloc(n, 0), f"hipHostMalloc({nbytes} bytes)")
-        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(ptr)))
+    def _host_malloc(self, nbytes: int) -> int:
+        return int(check(self._hip.hipHostMalloc(nbytes, 0), f"hipHostMalloc({nbytes} bytes)"))
 
     def free_host(self, array: np.ndarray) -> None:
         check(self._hip.hipHostFree(array.ctypes.data), "hipHostFree")

@@ -160,9 +160,15 @@ class Runtime(ABC):
         """Block until the work recorded before `event` on its stream is done."""
 
     # page-locked host memory: a copy between it and the device on a stream returns at once
-    @abstractmethod
     def alloc_host(self, nbytes: int) -> np.ndarray:
         """Page-locked host memory as a uint8 array of `nbytes`."""
+        n = max(1, int(nbytes))
+        ptr = self._host_malloc(n)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(ptr)))
+
+    @abstractmethod
+    def _host_malloc(self, nbytes: int) -> int:
+        """The address of `nbytes` (> 0) of page-locked host memory."""
 
     @abstractmethod
     def free_host(self, array: np.ndarray) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,16 +183,14 @@ class CudaRuntime(Runtime):
         check(self._drv.cuEventRecord(event, stream or 0), "cuEventRecord")
 
     def elapsed_ms(self, start, end) -> float:
-        check(self._drv.cuEventSynchronize(end), "cuEventSynchronize")
+        self.wait(end)
         return float(check(self._drv.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
 
     def wait(self, event) -> None:
         check(self._drv.cuEventSynchronize(event), "cuEventSynchronize")
 
-    def alloc_host(self, nbytes: int) -> np.ndarray:
-        n = max(1, int(nbytes))
-        ptr = check(self._drv.cuMemHostAlloc(n, 0), f"cuMemHostAlloc({nbytes} bytes)")
-        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(ptr)))
+    def _host_malloc(self, nbytes: int) -> int:
+        return int(check(self._drv.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes} bytes)"))
 
     def free_host(self, array: np.ndarray) -> None:
         check(self._drv.cuMemFreeHost(array.ctypes.data), "cuMemFreeHost")
