@@ -216,6 +216,62 @@ def test_longest_special_token_wins(default_tok):
     assert default_tok.encode("a\n\n\nb", add_special=False)[1] == 109
 
 
+def _partition_reference(tokens, types, text: str, parse_special: bool) -> list:
+    """The matching rule spelled out: every special text occurring in `text` (control and
+    unknown ones only with parse_special), longest first, lowest id first among equals, each
+    split out of the plain pieces in turn."""
+    kinds = {TokenType.UNKNOWN, TokenType.CONTROL, TokenType.USER_DEFINED}
+    if not parse_special:
+        kinds = {TokenType.USER_DEFINED}
+    found = sorted((-len(t), i, t) for i, (t, k) in enumerate(zip(tokens, types))
+                   if t and int(k) in kinds and t in text)  # fmt: skip
+    pieces: list = [text] if text else []
+    for _, tid, t in found:
+        out: list = []
+        for p in pieces:
+            if isinstance(p, int):
+                out.append(p)
+                continue
+            for k, part in enumerate(p.split(t)):
+                if k:
+                    out.append(tid)
+                if part:
+                    out.append(part)
+        pieces = out
+    return pieces
+
+
+def test_special_partition_matches_the_rule(default_tok):
+    # Gemma: 6,414 special texts (6,321 start with "<"), overlapping runs of "\n", " ", "\t"
+    tok = default_tok
+    kinds = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
+    specials = [t for t, k in zip(tok._tokens, tok._types) if int(k) in kinds]
+    plain = ["hello", " world", "<", ">", "<start", "_of_turn>", "\n", "  ", "\t", "<b", "x"]
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        choices = [(specials if rng.random() < 0.3 else plain) for _ in range(rng.integers(10))]
+        parts = [c[rng.integers(len(c))] for c in choices]
+        text = "".join(parts)
+        for parse_special in (True, False):
+            want = _partition_reference(tok._tokens, tok._types, text, parse_special)
+            assert tok._matcher.partition(text, parse_special) == want, repr(text)
+
+
+def test_special_partition_overlaps_and_duplicates():
+    from forge.tokenizer.special import SpecialMatcher
+
+    C, U, N = TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.NORMAL
+    tokens = ["a", "ab", "abc", "bcd", "<x>", "<x>", "cd"]
+    types = np.array([N, U, U, U, C, U, U], dtype=np.int32)
+    matcher = SpecialMatcher(tokens, types)
+    for text in ["abcd", "xabcdx", "bcdab", "<x><x>", "a<x>bcd", "", "zzz", "abab"]:
+        for parse_special in (True, False):
+            want = _partition_reference(tokens, types, text, parse_special)
+            assert matcher.partition(text, parse_special) == want, (text, parse_special)
+    assert matcher.partition("a<x>", True) == ["a", 4]  # the control token: lower id
+    assert matcher.partition("a<x>", False) == ["a", 5]  # only the user-defined one
+
+
 # -- the algorithms on hand-made vocabularies --------------------------------------------------
 def _spm_meta(tokens, scores, **extra):
     n = len(tokens)

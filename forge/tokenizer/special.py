@@ -8,6 +8,8 @@ runs of spaces, "<table>") always are.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 # TokenType values (forge.tokenizer.base imports this module, so they are repeated here)
@@ -23,9 +25,17 @@ class SpecialMatcher:
         # longest first; the id breaks ties so the order never depends on the vocabulary's order
         entries = [e for e in entries if e[0]]
         entries.sort(key=lambda e: (-len(e[0]), e[1]))
-        self._entries = entries
-        # a token can only occur in text containing its first character: a cheap pre-filter
-        self._first_chars = frozenset(e[0][0] for e in entries)
+        self._rank = {e: rank for rank, e in enumerate(entries)}
+        self._by_text: dict[str, list[tuple[str, int, bool]]] = {}
+        for e in entries:
+            self._by_text.setdefault(e[0], []).append(e)
+        # every prefix of a token's text: a scan from a position stops at the first miss.
+        # (Gemma has 6,414 special texts, 6,321 of them starting with "<": testing each one
+        # with `in` cost ~0.4 ms per prompt; the scan visits only the few positions that can
+        # start one.)
+        self._prefixes = {t[:n] for t in self._by_text for n in range(1, len(t) + 1)}
+        starts = "".join(re.escape(c) for c in sorted({t[0] for t in self._by_text}))
+        self._starts = re.compile(f"[{starts}]") if starts else None
 
     def partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split `text` into plain-text pieces (str) and special token ids (int), in order.
@@ -34,13 +44,27 @@ class SpecialMatcher:
         """
         if not text:
             return []
-        if self._first_chars.isdisjoint(text):
+        if self._starts is None or self._starts.search(text) is None:
             return [text]
         frags: list[str | int] = [text]
-        found = [e for e in self._entries if e[0] in text and (parse_special or not e[2])]
+        found = [e for e in self._occurring(text) if parse_special or not e[2]]
         for tok_text, tok_id, _ in found:
             frags = _split_all(frags, tok_text, tok_id)
         return frags
+
+    def _occurring(self, text: str) -> list[tuple[str, int, bool]]:
+        """The entries whose text occurs in `text`, longest first (ties: lowest id first)."""
+        prefixes, by_text = self._prefixes, self._by_text
+        hits: set[str] = set()
+        for m in self._starts.finditer(text):
+            i = m.start()
+            for j in range(i + 1, len(text) + 1):
+                piece = text[i:j]
+                if piece not in prefixes:
+                    break
+                if piece in by_text:
+                    hits.add(piece)
+        return sorted((e for t in hits for e in by_text[t]), key=self._rank.__getitem__)
 
 
 def _split_all(frags: list[str | int], tok_text: str, tok_id: int) -> list[str | int]:
