@@ -113,10 +113,10 @@ def _client_process(url: str, ids: list[int], args, start_at: float) -> tuple[li
 
 
 def run_level(url: str, streams: int, args) -> dict:
-    """One concurrency level. Clients are spread over processes of at most CLIENTS_PER_PROCESS
+    """One concurrency level. Clients are spread over processes of at most --clients-per-process
     (one Python process parses about 16k SSE events/s: past that the client, not the server,
     would set the rate); all start at the same moment."""
-    procs = max(1, min(os.cpu_count() or 1, -(-streams // CLIENTS_PER_PROCESS)))
+    procs = max(1, min(os.cpu_count() or 1, -(-streams // args.clients_per_process)))
     parts = [list(range(streams))[p::procs] for p in range(procs)]
     if procs == 1:
         outs = [asyncio.run(run_clients(url, parts[0], args, time.monotonic()))]
@@ -181,6 +181,12 @@ def main() -> int:
         type=int,
         help="the server's KV pool in positions (default: every "
         "stream's prompt and max_tokens at once, at least 4096, so no level preempts)",
+    )
+    p.add_argument(
+        "--clients-per-process",
+        type=int,
+        default=CLIENTS_PER_PROCESS,
+        help="streaming clients sharing one client process",
     )
     p.add_argument("--server-log", help="file for the started server's stdout and stderr")
     p.add_argument("--json-out", help="also write the result JSON here")

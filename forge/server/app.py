@@ -117,7 +117,7 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
 
     app.add_middleware(_CountRequests, metrics=state.metrics)
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:
         key = config.api_key
         if not key:
             return
