@@ -129,6 +129,21 @@ def _runner(golden_dir, name, rt):
     return HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=rt)
 
 
+def test_mmq_past_64_rows_only_for_matrices_l2_holds(golden_dir, monkeypatch):
+    import forge_hip.plan as plan
+
+    # the golden gemma3's products are far under MMQ_REREAD_BYTES; as if they were over it
+    monkeypatch.setattr(plan, "MMQ_REREAD_BYTES", 1024)
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(32, 16)
+    for rows, kernel in ((64, "mmq_multi_m2"), (65, "gemm_m64")):
+        rt.launches.clear()
+        runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32), 0, np.arange(5), "last")])
+        names = {n for n, _, _ in rt.launches}
+        assert kernel in names and not {"mmq_multi_m2", "gemm_m64"} - {kernel} & names, rows
+
+
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])
 def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     rt = FakeRuntime()
@@ -150,6 +165,12 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
         else:
             assert not names  # replayed; the output launches (not captured) stay
     assert runner.graphs.kernels[("pass", 40, False)] > 6 * n_layer
+    rt.launches.clear()  # 100 rows (a server's decode rows and new prompts): still mmq, attn_rows
+    runner.forward([SeqBatch(np.arange(1, 101, dtype=np.int32), 0, np.arange(7), "last")])
+    names = {n for n, _, _ in rt.launches}
+    if name != "llama-f32.gguf":
+        assert "mmq_multi_m2" in names and "gemm_m64" not in names
+    assert "attn_rows" in names and not any(n.startswith("attn_prefill") for n in names)
     rt.launches.clear()
     long = np.arange(1, 141, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
     runner.forward([SeqBatch(long, 0, np.arange(5, 14, dtype=np.int32), "last")])
@@ -175,7 +196,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     # around them: feed_ids, embedding, add_norm, the head, sampling
     assert quants == (0 if name == "llama-f32.gguf" else 4 * n_layer + 1)
     assert per_step == 7 * n_layer + 5 + quants, per_step
-    assert rt.replays == 2 + 3  # the prompt pass twice, the decode steps three times
+    assert rt.replays == 2 + 1 + 3  # the 40-row pass twice, the 100-row once, 3 decode steps
     assert runner.kv.f16 == (name != "llama-f32.gguf")
     runner.close()
     assert not rt.live

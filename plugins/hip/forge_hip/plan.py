@@ -143,7 +143,15 @@ MVQ_SPLIT = True
 # stays on mmv.hip (its quantized x in registers, no tile padding).
 MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 MMQ_MIN_ROWS = 2
-MMQ_MAX_ROWS = 64  # up to 32 rows per launch (mmq_tiles); 33-64: two launches, weights from L2
+# Up to 32 rows per launch (mmq_tiles), more: one launch per 32, each reading the weights again.
+# 65..MMQ_MAX_ROWS rows only for products whose matrices (at most MMQ_REREAD_BYTES) the later
+# launches find in L2: there gemm.hip's 64-row tiles leave a small model's SMs idle. H200,
+# gemma3 twin, a server's mixed pass (31 decode rows and a 40 / 60 / 97-token prompt) 6.77 /
+# 6.75 / 6.98 ms -> 2.63 / 2.78 / 3.54 ms with these products on mmq.hip and attention on
+# attn_rows (ATT_ROWS_MAX) up to 128 rows.
+MMQ_MAX_ROWS = 128
+MMQ_REREAD_ROWS = 64
+MMQ_REREAD_BYTES = 8 << 20
 MMQ_LAUNCH_ROWS = 32
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
 MMQ_BLOCKS_PER_CU = 2  # mmq.hip's __launch_bounds__(256, 2): blocks resident per compute unit
@@ -192,8 +200,9 @@ ATT_FILL = 1
 # Passes of prompt rows (or prompt and decode rows together) up to this many rows run attention
 # with attn_rows (blocks per head and row, splits over the KV length) instead of
 # attn_prefill.hip, whose blocks of 64 (token, head) pairs leave most SMs idle for a short
-# prompt (H200, gemma3 twin, 31 decode rows and a 20-token prompt: 18 launches, 1.96 ms).
-ATT_ROWS_MAX = 64
+# prompt (H200, gemma3 twin, 31 decode rows and a 20-token prompt: 18 launches, 1.96 ms; with a
+# 40-token prompt, the whole pass 3.51 ms with attn_rows against 6.77 with attn_prefill).
+ATT_ROWS_MAX = 128
 
 MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill the GPU at any lanes
 
@@ -340,12 +349,14 @@ class Plan:
         """Whether descriptors first .. first + count - 1 over `rows` rows run on mmq.hip."""
         mats = self.mats[first : first + count]
         ours = all(impl == BUILTIN_MATMUL and p.type in MMQ_TYPES for p, impl in mats)
+        if rows > MMQ_REREAD_ROWS and sum(p.n * p.row_bytes for p, _ in mats) > MMQ_REREAD_BYTES:
+            return False
         return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
 
     def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
-        """Products of 2..64 rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS rows, x
-        quantized once by mvq_quant, as the decode products round it, then one launch over the
-        matrices (or the gated pair) writing those rows of y."""
+        """Products of 2..MMQ_MAX_ROWS rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS
+        rows, x quantized once by mvq_quant, as the decode products round it, then one launch
+        over the matrices (or the gated pair) writing those rows of y."""
         mats = [p for p, _ in self.mats[first : first + count]]
         types = [p.type for p in mats]
         k, need = mats[0].k, mvq_need(types)
