@@ -1,4 +1,4 @@
-// mmq.hip: products of 2..32 token rows on int8 tensor cores. y = x W^T + bias for the
+// mmq.hip: products of 2..64 token rows per launch on int8 tensor cores. y = x W^T + bias for the
 // matrices of linear.hip's descriptors (mmv.hip's contract), with x already quantized by mmv.hip's
 // mvq_quant into xg (its layout and llama.cpp's roundings: a copy in blocks of 32 when need bit 0,
 // then one in blocks of 256 when bit 1). Types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K
@@ -18,7 +18,7 @@
 //
 // mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks): descriptors first ..
 //   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT, written to rows
-//   r0 .. r0 + R - 1 of each y (more rows: one launch per 32 with its own xg). items: row groups
+//   r0 .. r0 + R - 1 of each y (more rows: one launch per 64 with its own xg). items: row groups
 //   of 16 * (8 / ks) rows over the matrices in turn (mmv.h mvq_item); block b takes items b,
 //   b + gridDim.x, ... block = 256 threads; ks in {1, 2, 4, 8}.
 // mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act): y_gate = act(x Wg^T + bg) *
@@ -405,7 +405,10 @@ template <int MT, bool GLU>
 FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, const u8* xg,
                         int K, int need, int items, int ks, int act) {
     constexpr int NM = GLU ? 2 : 1, V = NM * MT * 8;  // accumulators per lane
-    __shared__ float red[MMQ_WARPS - 1][V][32];
+    // the cross-warp sums go through shared memory VR per lane at a time: all V of the gated
+    // m4 kernel (64) would need 56 KB, past the 48 KB a block may declare
+    constexpr int VR = V > 32 ? 32 : V;
+    __shared__ float red[MMQ_WARPS - 1][VR][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int groups = MMQ_WARPS / ks, rw = warp / ks, kw = warp % ks, RG = 16 * groups;
     const int rs = R * K + R * K / 4, off2 = (need & 1) ? rs : 0;
@@ -437,18 +440,21 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
         float* a = &acc[0][0][0][0];
         if (ks > 1) {  // warps kw > 0 hand their sums to warp kw = 0 of their row group
             const int slot = rw * (ks - 1) + kw - 1;
-            if (kw > 0) {
 #pragma unroll
-                for (int v = 0; v < V; ++v) red[slot][v][lane] = a[v];
-            }
-            __syncthreads();
-            if (kw == 0) {
-                for (int k = 0; k < ks - 1; ++k) {
+            for (int v0 = 0; v0 < V; v0 += VR) {  // VR sums per lane at a time
+                if (kw > 0) {
 #pragma unroll
-                    for (int v = 0; v < V; ++v) a[v] += red[rw * (ks - 1) + k][v][lane];
+                    for (int v = 0; v < VR; ++v) red[slot][v][lane] = a[v0 + v];
                 }
+                __syncthreads();
+                if (kw == 0) {
+                    for (int k = 0; k < ks - 1; ++k) {
+#pragma unroll
+                        for (int v = 0; v < VR; ++v) a[v0 + v] += red[rw * (ks - 1) + k][v][lane];
+                    }
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
         if (kw == 0 && n0 < m.N) {
 #pragma unroll
@@ -473,18 +479,25 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
     }
 }
 
-#define MMQ_KERNELS(MT)                                                                     \
-    FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
-        mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R, int r0, \
-                        const u8* xg, int K, int need, int items, int ks) {                 \
-        FORGE_GRID_WAIT();                                                                  \
-        mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1);        \
-    }                                                                                       \
-    FORGE_KERNEL void __launch_bounds__(256, 2)                                             \
+#define MMQ_KERNELS(MT, MINB)                                                                \
+    FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
+        mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R, int r0,  \
+                        const u8* xg, int K, int need, int items, int ks) {                  \
+        FORGE_GRID_WAIT();                                                                   \
+        mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1);         \
+    }                                                                                        \
+    FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
         mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, int r0, const u8* xg, \
-                      int K, int need, int items, int ks, int act) {                        \
-        FORGE_GRID_WAIT();                                                                  \
-        mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act);            \
+                      int K, int need, int items, int ks, int act) {                         \
+        FORGE_GRID_WAIT();                                                                   \
+        mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act);             \
     }
-MMQ_KERNELS(1)
-MMQ_KERNELS(2)
+MMQ_KERNELS(1, 2)
+MMQ_KERNELS(2, 2)
+// 64 rows: 226 (multi) and 255 (gated) registers on sm_90, so one block per SM. Not built for
+// AMD: there the shuffle-and-dp4a fragments at 64 rows triple mmq.hip's hipcc time (gfx90a 26 ->
+// 82 s), and without an AMD GPU nobody can tell whether they pay; AMD launches 32 rows at a time
+// (forge_hip.plan.mmq_launch_rows).
+#if !defined(FORGE_AMD)
+MMQ_KERNELS(4, 1)
+#endif

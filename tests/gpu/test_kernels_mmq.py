@@ -1,4 +1,4 @@
-"""mmq.hip: products of 2..64 token rows (32 per launch) on int8 tensor cores, against float64
+"""mmq.hip: products of 2..128 token rows (64 per launch) on int8 tensor cores, against float64
 references of the same int8-rounded activations (mmv.hip's mvq_quant); its shuffle-and-dp4a
 fragment path (the one AMD compiles) against the mma path bit for bit; and a runner's many-row
 decode steps on mmq against the same steps on mmv.hip's kernels."""
@@ -27,7 +27,7 @@ from tests.gpu.test_runner import _runner
 
 
 def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None):
-    """Per 32 rows of x (MMQ_LAUNCH_ROWS), those rows quantized by mvq_quant into a poisoned
+    """Per 64 rows of x (MMQ_LAUNCH_ROWS), those rows quantized by mvq_quant into a poisoned
     buffer, then mmq_multi (act None) or mmq_glu over the case's matrices writing them, as
     forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
     (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip)."""
@@ -70,7 +70,7 @@ MIXED = [
 
 
 @pytest.mark.parametrize("ks", [1, 2, 4, 8])
-@pytest.mark.parametrize("R", [12, 32])
+@pytest.mark.parametrize("R", [12, 32, 60])
 @pytest.mark.parametrize("types", MIXED, ids="-".join)
 def test_mmq_mixed_matrices_and_warp_splits(rt, lib, dev, types, R, ks):
     """Three matrices in one launch with biases; every split of a row group's chunks over its
@@ -102,6 +102,17 @@ def test_mmq_gated(rt, lib, dev, types, act, R):
     case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
     launch_mmq(rt, lib, dev, case, act=act, grid=4)
     assert rel_err(case.out(0), _act(case.ref(0), act) * case.ref(1)) < 1e-5
+
+
+@pytest.mark.parametrize("ks", [1, 2, 4, 8])
+@pytest.mark.parametrize("R", [33, 64, 100])
+def test_mmq_gated_64_row_launches_and_warp_splits(rt, lib, dev, R, ks):
+    """The m4 kernels (33-64 rows; 100: two launches): the gated one hands its 64 sums per lane
+    to warp 0 of its row group in two rounds through shared memory."""
+    rng = np.random.default_rng()
+    case = MvqCase(dev, rng, ("Q4_K", "Q6_K"), R, mvq_k(("Q4_K", "Q6_K")), [45, 45], bias=True)
+    launch_mmq(rt, lib, dev, case, act=1, ks=ks, grid=3)
+    assert rel_err(case.out(0), _act(case.ref(0), 1) * case.ref(1)) < 1e-5
 
 
 def test_mmq_shuffle_fragments_match_mma_bit_for_bit(rt, lib, dev):

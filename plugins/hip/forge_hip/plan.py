@@ -143,22 +143,32 @@ MVQ_SPLIT = True
 # stays on mmv.hip (its quantized x in registers, no tile padding).
 MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 MMQ_MIN_ROWS = 2
-# Up to 32 rows per launch (mmq_tiles), more: one launch per 32, each reading the weights again.
-# 65..MMQ_MAX_ROWS rows only for products whose matrices (at most MMQ_REREAD_BYTES) the later
-# launches find in L2: there gemm.hip's 64-row tiles leave a small model's SMs idle. H200,
-# gemma3 twin, a server's mixed pass (31 decode rows and a 40 / 60 / 97-token prompt) 6.77 /
-# 6.75 / 6.98 ms -> 2.63 / 2.78 / 3.54 ms with these products on mmq.hip and attention on
-# attn_rows (ATT_ROWS_MAX) up to 128 rows.
+# Up to MMQ_LAUNCH_ROWS rows per launch (mmq_tiles), more: one launch per 64, each reading the
+# weights again. 65..MMQ_MAX_ROWS rows only for products whose matrices (at most
+# MMQ_REREAD_BYTES) the later launches find in L2: there gemm.hip's 64-row tiles leave a small
+# model's SMs idle. H200, gemma3 twin, a server's mixed pass (31 decode rows and a 40 / 60 /
+# 97-token prompt) 6.77 / 6.75 / 6.98 ms -> 2.63 / 2.78 / 3.54 ms with these products on mmq.hip
+# (then 32 rows per launch) and attention on attn_rows (ATT_ROWS_MAX) up to 128 rows.
 MMQ_MAX_ROWS = 128
-MMQ_REREAD_ROWS = 64
+MMQ_LAUNCH_ROWS = 64
 MMQ_REREAD_BYTES = 8 << 20
-MMQ_LAUNCH_ROWS = 32
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
-MMQ_BLOCKS_PER_CU = 2  # mmq.hip's __launch_bounds__(256, 2): blocks resident per compute unit
+
+
+def mmq_launch_rows(platform: str) -> int:
+    """Rows per mmq launch: MMQ_LAUNCH_ROWS, but 32 on AMD (mmq.hip builds no m4 kernels there)."""
+    return 32 if platform == "rocm" else MMQ_LAUNCH_ROWS
+
+
+def mmq_blocks_per_cu(mt: int) -> int:
+    """Blocks of mmq_*_m<mt> resident per compute unit (mmq.hip's __launch_bounds__)."""
+    return 1 if mt == 4 else 2
+
+
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
 
 
-def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int) -> int:
+def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int, mt: int = 2) -> int:
     """Warps of an mmq block that split one row group's chunks (the rest take other row groups):
     the fewest that give two blocks per compute unit, at most one per chunk of the shortest-chunked
     type. Fewer warps per row group read x less often; more fill the GPU when N is small."""
@@ -168,14 +178,14 @@ def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int) -> int:
         if ks > max(chunks, 1):
             break
         best = ks
-        if mmq_items(ns, ks) >= MMQ_BLOCKS_PER_CU * compute_units:
+        if mmq_items(ns, ks) >= mmq_blocks_per_cu(mt) * compute_units:
             break
     return best
 
 
 def mmq_tiles(rows: int) -> int:
     """m16 tiles of x rows per warp: the MT of the mmq_*_m<MT> kernel for `rows` rows."""
-    return 1 if rows <= 16 else 2
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
 def even_grid(items: int, most: int) -> int:
@@ -349,7 +359,7 @@ class Plan:
         """Whether descriptors first .. first + count - 1 over `rows` rows run on mmq.hip."""
         mats = self.mats[first : first + count]
         ours = all(impl == BUILTIN_MATMUL and p.type in MMQ_TYPES for p, impl in mats)
-        if rows > MMQ_REREAD_ROWS and sum(p.n * p.row_bytes for p, _ in mats) > MMQ_REREAD_BYTES:
+        if rows > MMQ_LAUNCH_ROWS and sum(p.n * p.row_bytes for p, _ in mats) > MMQ_REREAD_BYTES:
             return False
         return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
 
@@ -361,15 +371,16 @@ class Plan:
         types = [p.type for p in mats]
         k, need = mats[0].k, mvq_need(types)
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
-        cus = self.lib.runtime.props.compute_units
-        ks = mmq_ks(k, types, ns, cus)
-        items = mmq_items(ns, ks)
-        grid = even_grid(items, MMQ_BLOCKS_PER_CU * cus)
-        descs, tail = self.ws.descs, [k, need, items, ks]
-        for r0 in range(0, rows, MMQ_LAUNCH_ROWS):
-            n = min(MMQ_LAUNCH_ROWS, rows - r0)
+        cus, descs = self.lib.runtime.props.compute_units, self.ws.descs
+        step = mmq_launch_rows(self.lib.runtime.platform)
+        for r0 in range(0, rows, step):
+            n = min(step, rows - r0)
             xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
             mt = mmq_tiles(n)
+            ks = mmq_ks(k, types, ns, cus, mt)
+            items = mmq_items(ns, ks)
+            grid = even_grid(items, mmq_blocks_per_cu(mt) * cus)
+            tail = [k, need, items, ks]
             if act is None:
                 self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
                             [descs, first, count, n, r0, xg, *tail])  # fmt: skip

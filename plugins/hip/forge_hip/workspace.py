@@ -50,7 +50,8 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "smp_cnt": 4 * o,  # sample_rows' slice counters (zero between launches)
         "descs": 8 * DESC_LEN * n_desc,
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
-        "xq": 2 * (32 * widest + 8 * widest),  # int8 x of decode products (mmv.hip), 32 rows
+        # int8 x of decode products (mmv.hip, 32 rows) and of mmq.hip launches (64 rows)
+        "xq": 2 * (64 * widest + 16 * widest),
     }
 
 
