@@ -22,13 +22,10 @@ class SpecialMatcher:
     def __init__(self, tokens: list[str], types: np.ndarray):
         ids = np.flatnonzero(np.isin(types, (_UNKNOWN, _CONTROL, _USER_DEFINED)))
         entries = [(tokens[i], int(i), int(types[i]) != _USER_DEFINED) for i in ids.tolist()]
-        # longest first; the id breaks ties so the order never depends on the vocabulary's order
-        entries = [e for e in entries if e[0]]
-        entries.sort(key=lambda e: (-len(e[0]), e[1]))
-        self._rank = {e: rank for rank, e in enumerate(entries)}
-        self._by_text: dict[str, list[tuple[str, int, bool]]] = {}
+        self._by_text: dict[str, list[tuple[str, int, bool]]] = {}  # (a text may name two ids)
         for e in entries:
-            self._by_text.setdefault(e[0], []).append(e)
+            if e[0]:
+                self._by_text.setdefault(e[0], []).append(e)
         # every prefix of a token's text: a scan from a position stops at the first miss.
         # (Gemma has 6,414 special texts, 6,321 of them starting with "<": testing each one
         # with `in` cost ~0.4 ms per prompt; the scan visits only the few positions that can
@@ -64,7 +61,12 @@ class SpecialMatcher:
                     break
                 if piece in by_text:
                     hits.add(piece)
-        return sorted((e for t in hits for e in by_text[t]), key=self._rank.__getitem__)
+        return sorted((e for t in hits for e in by_text[t]), key=_longest_first)
+
+
+def _longest_first(entry: tuple[str, int, bool]) -> tuple[int, int]:
+    # the id breaks ties so the order never depends on the vocabulary's order
+    return -len(entry[0]), entry[1]
 
 
 def _split_all(frags: list[str | int], tok_text: str, tok_id: int) -> list[str | int]:

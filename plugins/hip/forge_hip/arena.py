@@ -96,6 +96,11 @@ class Placed:
     n: int  # rows
     row_bytes: int
 
+    @property
+    def nbytes(self) -> int:
+        """The matrix's bytes as placed (rows x row bytes)."""
+        return self.n * self.row_bytes
+
 
 def layout(spec: ModelSpec, gguf: GGUFFile) -> tuple[dict[str, int], int]:
     """Offsets of every weight in the arena and its total size."""

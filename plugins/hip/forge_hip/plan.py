@@ -359,9 +359,9 @@ class Plan:
         """Whether descriptors first .. first + count - 1 over `rows` rows run on mmq.hip."""
         mats = self.mats[first : first + count]
         ours = all(impl == BUILTIN_MATMUL and p.type in MMQ_TYPES for p, impl in mats)
-        if rows > MMQ_LAUNCH_ROWS and sum(p.n * p.row_bytes for p, _ in mats) > MMQ_REREAD_BYTES:
+        if not (self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours):
             return False
-        return self.mmq and self.round_prefill and MMQ_MIN_ROWS <= rows <= MMQ_MAX_ROWS and ours
+        return rows <= MMQ_LAUNCH_ROWS or sum(p.nbytes for p, _ in mats) <= MMQ_REREAD_BYTES
 
     def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
         """Products of 2..MMQ_MAX_ROWS rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS
@@ -442,7 +442,7 @@ class Plan:
         most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
         grid = even_grid(items, most)
         xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
-        big = sum(p.n * p.row_bytes for p in mats) > MVQ_PREFETCH_BYTES
+        big = sum(p.nbytes for p in mats) > MVQ_PREFETCH_BYTES
         tail = [x, k, need, items, xg, self.mvq_flags & ~1 if big else self.mvq_flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
