@@ -3,7 +3,7 @@ the decode step replays them), on the gemma3-270m twin's heads (4 query heads, 1
 f16 cache) at several cached lengths; optionally for other kernel directories (A/B of sources).
 
   python benchmarks/attn_decode_probe.py [--positions 16 64 128 1024] [--rows 1 32]
-      [--dirs new=kernels old=DIR]
+      [--splits 1 16] [--dirs new=kernels old=DIR]
 
 Three chains of N launches each: attention back to back ("attn"), attention after a one-block
 add_norm ("norm+attn", like a step where it follows a short product) and add_norm alone
@@ -91,6 +91,7 @@ def main() -> int:
     ap.add_argument("--dirs", nargs="+", default=[f"new={ROOT / 'kernels'}"])
     ap.add_argument("--launches", type=int, default=60)
     ap.add_argument("--rows", type=int, nargs="+", default=[1], help="sequences per launch")
+    ap.add_argument("--splits", type=int, nargs="+", default=[1, 16], help="most splits (grid z)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rt = open_runtime()
@@ -100,7 +101,7 @@ def main() -> int:
         label, directory = spec.split("=", 1)
         for rows in a.rows:
             for p in a.positions:
-                for splits in (1, 16):
+                for splits in a.splits:
                     dev = Dev(rt)
                     r = probe(rt, lib, dev, directory, p, splits, a.launches, rows)
                     dev.free()
