@@ -16,13 +16,17 @@
 // Elsewhere than NVIDIA (or with MMQ_EMULATE defined) the same fragments are multiplied with warp
 // shuffles and dp4a, so one body serves both.
 //
-// mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks): descriptors first ..
+// mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks, pf): descriptors first ..
 //   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT, written to rows
 //   r0 .. r0 + R - 1 of each y (more rows: one launch per 64 with its own xg). items: row groups
 //   of 16 * (8 / ks) rows over the matrices in turn (mmv.h mvq_item); block b takes items b,
 //   b + gridDim.x, ... block = 256 threads; ks in {1, 2, 4, 8}.
-// mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act): y_gate = act(x Wg^T + bg) *
+// mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act, pf): y_gate = act(x Wg^T + bg) *
 //   (x Wu^T + bu) for descriptors first (gate) and first + 1 (up); act 0 SiLU, 1 GELU-tanh.
+// pf (both; NVIDIA only, a no-op elsewhere): 1 moves the block's first item's weights into L2
+//   before the grid wait, while the kernel before still runs (the weights come from HBM every
+//   step: the output head alone outgrows L2), so that the warps' first chunk loads, the ones
+//   no earlier work hides, find them there.
 #include "mmv.h"
 
 #ifndef MMQ_MASK  // (experiments) bit T keeps type T's path: one type's registers under -Xptxas -v
@@ -403,7 +407,7 @@ FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, co
 
 template <int MT, bool GLU>
 FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, const u8* xg,
-                        int K, int need, int items, int ks, int act) {
+                        int K, int need, int items, int ks, int act, int pf) {
     constexpr int NM = GLU ? 2 : 1, V = NM * MT * 8;  // accumulators per lane
     // the cross-warp sums go through shared memory VR per lane at a time: all V of the gated
     // m4 kernel (64) would need 56 KB, past the 48 KB a block may declare
@@ -411,6 +415,9 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
     __shared__ float red[MMQ_WARPS - 1][VR][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int groups = MMQ_WARPS / ks, rw = warp / ks, kw = warp % ks, RG = 16 * groups;
+    const int nmat = GLU ? 1 : count;
+    if (pf && (int)blockIdx.x < items) mvq_prefetch_item(descs, first, nmat, GLU, RG, blockIdx.x);
+    FORGE_GRID_WAIT();  // (before it: descriptors and weights only, which no kernel writes)
     const int rs = R * K + R * K / 4, off2 = (need & 1) ? rs : 0;
     XQ x1, x2;
     x1.q = (const i8*)xg, x1.ds = (const F2*)(xg + R * K), x1.K = K;
@@ -421,7 +428,7 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         MvMat m;
         int j0;
-        mvq_item(descs, first, GLU ? 1 : count, RG, w, &m, &j0);
+        mvq_item(descs, first, nmat, RG, w, &m, &j0);
         const int n0 = j0 * RG + 16 * rw;
         float acc[NM][MT][2][4];
 #pragma unroll
@@ -482,15 +489,13 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
 #define MMQ_KERNELS(MT, MINB)                                                                \
     FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
         mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R, int r0,  \
-                        const u8* xg, int K, int need, int items, int ks) {                  \
-        FORGE_GRID_WAIT();                                                                   \
-        mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1);         \
+                        const u8* xg, int K, int need, int items, int ks, int pf) {          \
+        mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1, pf);     \
     }                                                                                        \
     FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
         mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, int r0, const u8* xg, \
-                      int K, int need, int items, int ks, int act) {                         \
-        FORGE_GRID_WAIT();                                                                   \
-        mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act);             \
+                      int K, int need, int items, int ks, int act, int pf) {                 \
+        mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act, pf);         \
     }
 MMQ_KERNELS(1, 2)
 MMQ_KERNELS(2, 2)

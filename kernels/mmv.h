@@ -67,6 +67,32 @@ FORGE_DEV float mvq_act(float a, int act) {
     return act == 1 ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
                     : a / (1.0f + expf(-a));
 }
+
+// Start moving `bytes` at p into L2 (the whole block shares the work).
+FORGE_DEV void mvq_prefetch(const u8* p, i64 bytes) {
+#if defined(FORGE_NV)
+    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    }
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// The weight rows of item w (mvq_item's numbering; glu: the up matrix's too) into L2.
+FORGE_DEV void mvq_prefetch_item(const i64* descs, int first, int nmat, bool glu, int RB,
+                                 int w) {
+    MvMat m;
+    int j;
+    if (!mvq_item(descs, first, nmat, RB, w, &m, &j)) return;
+    const int rows = min(RB, m.N - j * RB);
+    mvq_prefetch(m.W + (i64)j * RB * m.row_bytes, (i64)rows * m.row_bytes);
+    if (glu) {
+        const MvMat u = mv_mat(descs + (i64)(first + 1) * DESC_LEN);
+        mvq_prefetch(u.W + (i64)j * RB * u.row_bytes, (i64)rows * u.row_bytes);
+    }
+}
 #endif
 
 // Quantized activations: row r of x is q[r * K ...], the {scale, sum of q} of its 32-blocks

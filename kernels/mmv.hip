@@ -125,30 +125,6 @@ FORGE_DEV void mvq_quantize(const float* x, int K, int R, int need, u8* base, in
     }
 }
 
-// Start moving `bytes` at p into L2 (the whole block shares the work).
-FORGE_DEV void mvq_prefetch(const u8* p, i64 bytes) {
-#if defined(FORGE_NV)
-    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-    }
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
-FORGE_DEV void mvq_prefetch_item(const i64* descs, int first, int nmat, bool glu, int RB, int w) {
-    MvMat m;
-    int j;
-    if (!mvq_item(descs, first, nmat, RB, w, &m, &j)) return;
-    const int rows = min(RB, m.N - j * RB);
-    mvq_prefetch(m.W + (i64)j * RB * m.row_bytes, (i64)rows * m.row_bytes);
-    if (glu) {
-        const MvMat u = mv_mat(descs + (i64)(first + 1) * DESC_LEN);
-        mvq_prefetch(u.W + (i64)j * RB * u.row_bytes, (i64)rows * u.row_bytes);
-    }
-}
-
 // F32/F16/BF16 rows: element by element, x rounded as that weight type's prefill rounds it.
 template <int RM>
 FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, int G, int R,

@@ -144,6 +144,22 @@ def test_mmq_past_64_rows_only_for_matrices_l2_holds(golden_dir, monkeypatch):
         assert kernel in names and not {"mmq_multi_m4", "gemm_m64"} - {kernel} & names, rows
 
 
+@pytest.mark.parametrize("limit,pf", [(None, 1), (1024, 0)])
+def test_mmq_prefetches_only_launches_under_the_byte_limit(golden_dir, monkeypatch, limit, pf):
+    import forge_hip.plan as plan
+
+    # the golden gemma3's matrices are far under MVQ_PREFETCH_BYTES; 1024: as if they were over
+    if limit is not None:
+        monkeypatch.setattr(plan, "MVQ_PREFETCH_BYTES", limit)
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(32, 16)
+    runner.forward([SeqBatch(np.arange(1, 21, dtype=np.int32), 0, np.arange(2), "last")])
+    # mmq_multi's and mmq_glu's last argument is pf
+    pfs = [args[-1] for name, args in rt.launch_args if name.startswith("mmq_")]
+    assert len(pfs) == 4 * runner.spec.n_layer and set(pfs) == {pf}
+
+
 def test_amd_mmq_launches_take_32_rows(golden_dir, monkeypatch):
     # mmq.hip builds its 64-row kernels for NVIDIA only: on AMD, 40 rows are two m2 launches
     rt = FakeRuntime()

@@ -26,17 +26,19 @@ from tests.gpu.test_kernels_gemv import MvqCase, _act, mvq_k, quantize_x
 from tests.gpu.test_runner import _runner
 
 
-def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None):
+def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None, pf=None):
     """Per 64 rows of x (MMQ_LAUNCH_ROWS), those rows quantized by mvq_quant into a poisoned
     buffer, then mmq_multi (act None) or mmq_glu over the case's matrices writing them, as
     forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
-    (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip)."""
+    (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip),
+    `pf` mmq.hip's L2 prefetch flag (None: 1)."""
     types, R, K = case.types, case.R, case.K
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W][: 1 if act is not None else None]
     ks = ks or mmq_ks(K, types, ns, rt.props.compute_units)
     items = mmq_items(ns, ks)
     grid = min(grid or items, items)
+    pf = 1 if pf is None else pf
     get = get or lib.get
     for r0 in range(0, R, MMQ_LAUNCH_ROWS):
         n = min(MMQ_LAUNCH_ROWS, R - r0)
@@ -44,10 +46,10 @@ def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=No
         mt = mmq_tiles(n)
         if act is None:
             rt.launch(get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
-                      [case.descs, 0, len(types), n, r0, xq, K, need, items, ks])  # fmt: skip
+                      [case.descs, 0, len(types), n, r0, xq, K, need, items, ks, pf])  # fmt: skip
         else:
             rt.launch(get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
-                      [case.descs, 0, n, r0, xq, K, need, items, ks, act])  # fmt: skip
+                      [case.descs, 0, n, r0, xq, K, need, items, ks, act, pf])  # fmt: skip
 
 
 @pytest.mark.parametrize("R", [2, 5, 9, 16, 17, 32, 45, 64])
@@ -102,6 +104,24 @@ def test_mmq_gated(rt, lib, dev, types, act, R):
     case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
     launch_mmq(rt, lib, dev, case, act=act, grid=4)
     assert rel_err(case.out(0), _act(case.ref(0), act) * case.ref(1)) < 1e-5
+
+
+@pytest.mark.parametrize("act", [None, 0])
+def test_mmq_prefetch_changes_no_output_bit(rt, lib, dev, act):
+    """pf only moves each block's first weights into L2 before the grid wait: the same bits
+    with it as without, whether blocks loop over several items or take one each."""
+    rng = np.random.default_rng()
+    types = ("Q4_K", "Q4_K") if act is not None else ("Q8_0", "Q4_K", "Q6_K")
+    case = MvqCase(dev, rng, types, 20, mvq_k(types), [53, 53, 29][: len(types)], bias=True)
+    outs = []
+    for pf, grid in ((0, 2), (1, 2), (1, 64)):
+        launch_mmq(rt, lib, dev, case, act=act, grid=grid, pf=pf)
+        outs.append([case.out(j).copy() for j in range(1 if act is not None else len(types))])
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a, b)
+    ref = _act(case.ref(0), act) * case.ref(1) if act is not None else case.ref(0)
+    assert rel_err(outs[0][0], ref) < 1e-5
 
 
 @pytest.mark.parametrize("ks", [1, 2, 4, 8])

@@ -153,6 +153,13 @@ MMQ_MAX_ROWS = 128
 MMQ_LAUNCH_ROWS = 64
 MMQ_REREAD_BYTES = 8 << 20
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
+# mmq.hip's pf: each block moves its first item's weights into L2 before the grid wait. H200,
+# gemma3 twin, one step in the replayed graph: 32 rows 1,256 -> 1,209 us, 8 rows 936 -> 877, 31
+# decode rows and a 20-token prompt 1,458 -> 1,414. Moving the item after next into L2 as each
+# starts cost the output head (154 -> 175 us at 32 rows), so later items are not prefetched. As
+# for mmv.hip (MVQ_PREFETCH_BYTES), only launches over at most that many bytes prefetch: the
+# first items of a large matrix's blocks would fill L2 (the head was the same either way).
+MMQ_PREFETCH = True
 
 
 def mmq_launch_rows(platform: str) -> int:
@@ -265,6 +272,7 @@ class Plan:
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
         self.mmq = True  # products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
+        self.mmq_prefetch = MMQ_PREFETCH  # mmq.hip's pf (launches up to MVQ_PREFETCH_BYTES)
         self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
         self.att_rows_max = ATT_ROWS_MAX  # prefill passes up to this many rows: attn_rows
         self._head_norm: list | None = None  # the last add_norm, left to output()
@@ -373,6 +381,7 @@ class Plan:
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
         cus, descs = self.lib.runtime.props.compute_units, self.ws.descs
         step = mmq_launch_rows(self.lib.runtime.platform)
+        pf = int(self.mmq_prefetch and sum(p.nbytes for p in mats) <= MVQ_PREFETCH_BYTES)
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
             xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
@@ -383,10 +392,10 @@ class Plan:
             tail = [k, need, items, ks]
             if act is None:
                 self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
-                            [descs, first, count, n, r0, xg, *tail])  # fmt: skip
+                            [descs, first, count, n, r0, xg, *tail, pf])  # fmt: skip
             else:
                 self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
-                            [descs, first, n, r0, xg, *tail, act])  # fmt: skip
+                            [descs, first, n, r0, xg, *tail, act, pf])  # fmt: skip
 
     def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
         """x [rows, k] rounded to int8 once into ws.xq (mvq_quant, mmv.hip's layout); ws.xq."""
