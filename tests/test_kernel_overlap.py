@@ -28,6 +28,8 @@ EARLY_WORK = {
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_multi_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
+    "mmq_multi_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
+    "mmq_glu_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
 }  # fmt: skip
 
 KERNEL = re.compile(r"FORGE_KERNEL\b[^{;]*?([\w#]+)\s*\([^)]*\)\s*\{")
