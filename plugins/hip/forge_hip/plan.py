@@ -82,6 +82,14 @@ MVQ_FLAGS = 1
 # llama-8B twin, every product over this limit: graph step 2,927 -> 2,836 us, tg128 349.5 ->
 # 360.1 tok/s; gemma3 twin (all products under it but the head) unchanged, 1,687 tok/s.
 MVQ_PREFETCH_BYTES = 8 << 20
+
+
+def l2_prefetch_pays(mats: list) -> bool:
+    """Whether a product launch over `mats` (Placed) moves its blocks' first weights into L2
+    before the grid wait: only at most MVQ_PREFETCH_BYTES (mmv.hip's flags bit 0, mmq.hip's pf)."""
+    return sum(p.nbytes for p in mats) <= MVQ_PREFETCH_BYTES
+
+
 # Elements per "unit" as mvq_lanes counts them: mmv.h's units (one lane's share of a step),
 # except Q4_K and Q6_K, counted at 32 and 16 elements though their units now hold 64 and 32: the
 # lane rules were measured with those counts, and the H100 A/B of the wider units keeps them
@@ -154,10 +162,10 @@ MMQ_LAUNCH_ROWS = 64
 MMQ_REREAD_BYTES = 8 << 20
 MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
 # mmq.hip's pf: each block moves its first item's weights into L2 before the grid wait. H200,
-# gemma3 twin, one step in the replayed graph: 32 rows 1,256 -> 1,209 us, 8 rows 936 -> 877, 31
-# decode rows and a 20-token prompt 1,458 -> 1,414. Moving the item after next into L2 as each
+# gemma3 twin, one step in the replayed graph: 32 rows 1,234 -> 1,191 us, 8 rows 934 -> 881, 31
+# decode rows and a 20-token prompt 1,443 -> 1,399. Moving the item after next into L2 as each
 # starts cost the output head (154 -> 175 us at 32 rows), so later items are not prefetched. As
-# for mmv.hip (MVQ_PREFETCH_BYTES), only launches over at most that many bytes prefetch: the
+# for mmv.hip, only launches of at most MVQ_PREFETCH_BYTES prefetch (l2_prefetch_pays): the
 # first items of a large matrix's blocks would fill L2 (the head was the same either way).
 MMQ_PREFETCH = True
 
@@ -381,7 +389,7 @@ class Plan:
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
         cus, descs = self.lib.runtime.props.compute_units, self.ws.descs
         step = mmq_launch_rows(self.lib.runtime.platform)
-        pf = int(self.mmq_prefetch and sum(p.nbytes for p in mats) <= MVQ_PREFETCH_BYTES)
+        pf = int(self.mmq_prefetch and l2_prefetch_pays(mats))
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
             xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
@@ -451,8 +459,8 @@ class Plan:
         most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
         grid = even_grid(items, most)
         xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
-        big = sum(p.nbytes for p in mats) > MVQ_PREFETCH_BYTES
-        tail = [x, k, need, items, xg, self.mvq_flags & ~1 if big else self.mvq_flags]
+        flags = self.mvq_flags if l2_prefetch_pays(mats) else self.mvq_flags & ~1
+        tail = [x, k, need, items, xg, flags]
         fused, extra = ("n", norm) if norm is not None else ("", [])
         if act is None:
             self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid, c), (MVQ_THREADS,),
