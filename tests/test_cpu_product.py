@@ -1,6 +1,6 @@
 """cpu_simd's float32 product x @ W.T on each of its paths (one row: GEMV; 2..16 rows times a
-weight over 1 MiB: small-kernel chunks on the worker threads; otherwise one W @ x.T) against a
-float64 reference."""
+weight over 1 MiB: small-kernel chunks, stacked, on the worker threads; otherwise one W @ x.T)
+against a float64 reference."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from forge_cpu_simd.matmul import MAX_CHUNKED_ROWS, product
     [
         (1, 1000, 640),  # GEMV
         (3, 1031, 640),  # chunked: 1031 * 640 * 4 bytes > 1 MiB, odd row count
+        (8, 1000, 640),  # chunked: per thread two stacked chunks of 195 rows and a rest
         (MAX_CHUNKED_ROWS, 600, 640),  # chunked, largest row count
         (MAX_CHUNKED_ROWS, 5, 70_000),  # chunked, rows * k beyond the small-kernel limit
         (MAX_CHUNKED_ROWS + 1, 300, 640),  # one sgemm

@@ -76,14 +76,24 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _chunked_product(W: np.ndarray, xt: np.ndarray, chunk: int) -> np.ndarray:
-    """W @ xt in chunks of `chunk` weight rows, the chunks split over the worker threads."""
-    n = W.shape[0]
-    out = np.empty((n, xt.shape[1]), dtype=np.float32)
+    """W @ xt in chunks of `chunk` weight rows, the chunks split over the worker threads.
+
+    Each thread's whole chunks go to one matmul call on W viewed as [chunks, chunk, in]: NumPy
+    then loops over them in C, one small-matrix sgemm each, instead of a Python loop of ~1,300
+    calls for the default model's head (8 rows, 2-core EPYC: 42.9 -> 39.6 ms alone; whole decode
+    steps moved by less than this machine's noise).
+    """
+    n, k = W.shape
+    rows = xt.shape[1]
+    out = np.empty((n, rows), dtype=np.float32)
 
     def run(lo: int, hi: int) -> None:
-        for i in range(lo, hi, chunk):
-            j = min(i + chunk, hi)
-            np.matmul(W[i:j], xt, out=out[i:j])
+        whole = lo + (hi - lo) // chunk * chunk
+        if whole > lo:
+            stacked = out[lo:whole].reshape(-1, chunk, rows)
+            np.matmul(W[lo:whole].reshape(-1, chunk, k), xt, out=stacked)
+        if whole < hi:
+            np.matmul(W[whole:hi], xt, out=out[whole:hi])
 
     run_split(n, run)
     return out.T
