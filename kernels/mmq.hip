@@ -17,10 +17,12 @@
 // shuffles and dp4a, so one body serves both.
 //
 // mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks, pf): descriptors first ..
-//   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT, written to rows
-//   r0 .. r0 + R - 1 of each y (more rows: one launch per 64 with its own xg). items: row groups
-//   of 16 * (8 / ks) rows over the matrices in turn (mmv.h mvq_item); block b takes items b,
-//   b + gridDim.x, ... block = 256 threads; ks in {1, 2, 4, 8}.
+//   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT gridDim.y, written to
+//   rows r0 .. r0 + R - 1 of each y (more rows: one launch per 64 with its own xg). Blocks
+//   (b, c) take x rows 16 MT c .. 16 MT (c + 1) - 1: two row halves of 32 share each weight
+//   row group's reads (the second finds them in L2). items: row groups of 16 * (8 / ks) weight
+//   rows over the matrices in turn (mmv.h mvq_item); block (b, c) takes items b, b + gridDim.x,
+//   ... block = 256 threads; ks in {1, 2, 4, 8}.
 // mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act, pf): y_gate = act(x Wg^T + bg) *
 //   (x Wu^T + bu) for descriptors first (gate) and first + 1 (up); act 0 SiLU, 1 GELU-tanh.
 // pf (both; NVIDIA only, a no-op elsewhere): 1 moves the block's first item's weights into L2
@@ -409,8 +411,8 @@ template <int MT, bool GLU>
 FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, const u8* xg,
                         int K, int need, int items, int ks, int act, int pf) {
     constexpr int NM = GLU ? 2 : 1, V = NM * MT * 8;  // accumulators per lane
-    // the cross-warp sums go through shared memory VR per lane at a time: all V of the gated
-    // m4 kernel (64) would need 56 KB, past the 48 KB a block may declare
+    // the cross-warp sums go through shared memory VR per lane at a time (V is at most 32 for
+    // the kernels built here, 28 KB; 64 sums would need 56 KB, past the 48 KB a block may declare)
     constexpr int VR = V > 32 ? 32 : V;
     __shared__ float red[MMQ_WARPS - 1][VR][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -419,12 +421,14 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
     if (pf && (int)blockIdx.x < items) mvq_prefetch_item(descs, first, nmat, GLU, RG, blockIdx.x);
     FORGE_GRID_WAIT();  // (before it: descriptors and weights only, which no kernel writes)
     const int rs = R * K + R * K / 4, off2 = (need & 1) ? rs : 0;
+    const int ry = 16 * MT * blockIdx.y, Rb = min(16 * MT, R - ry);  // this block's rows of x
     XQ x1, x2;
     x1.q = (const i8*)xg, x1.ds = (const F2*)(xg + R * K), x1.K = K;
     x2.q = (const i8*)(xg + off2), x2.ds = (const F2*)(xg + off2 + R * K), x2.K = K;
     int xo[2 * MT];
 #pragma unroll
-    for (int i = 0; i < 2 * MT; ++i) xo[i] = min(16 * (i >> 1) + g + 8 * (i & 1), R - 1) * K;
+    for (int i = 0; i < 2 * MT; ++i)
+        xo[i] = (ry + min(16 * (i >> 1) + g + 8 * (i & 1), Rb - 1)) * K;
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
         MvMat m;
         int j0;
@@ -471,13 +475,13 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int r = 16 * i + g + 8 * (e >> 1), n = n0 + 8 * j + 2 * t + (e & 1);
-                        if (r < R && n < m.N) {
+                        if (r < Rb && n < m.N) {
                             float y = acc[0][i][j][e] + (m.bias ? m.bias[n] : 0.0f);
                             if (GLU) {
                                 const float b = up.bias ? up.bias[n] : 0.0f;
                                 y = mvq_act(y, act) * (acc[NM - 1][i][j][e] + b);
                             }
-                            m.y[(i64)(r0 + r) * m.N + n] = y;
+                            m.y[(i64)(r0 + ry + r) * m.N + n] = y;
                         }
                     }
                 }
@@ -498,11 +502,6 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
         mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act, pf);         \
     }
 MMQ_KERNELS(1, 2)
+// 33-64 rows: m2 blocks over two row halves (gridDim.y = 2, forge_hip.plan.mmq_shape), not m4
+// kernels: those held 226 / 255 registers on sm_90, one block per SM, and took longer.
 MMQ_KERNELS(2, 2)
-// 64 rows: 226 (multi) and 255 (gated) registers on sm_90, so one block per SM. Not built for
-// AMD: there the shuffle-and-dp4a fragments at 64 rows triple mmq.hip's hipcc time (gfx90a 26 ->
-// 82 s), and without an AMD GPU nobody can tell whether they pay; AMD launches 32 rows at a time
-// (forge_hip.plan.mmq_launch_rows).
-#if !defined(FORGE_AMD)
-MMQ_KERNELS(4, 1)
-#endif

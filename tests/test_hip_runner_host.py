@@ -137,11 +137,11 @@ def test_mmq_past_64_rows_only_for_matrices_l2_holds(golden_dir, monkeypatch):
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
     runner.allocate_kv(32, 16)
-    for rows, kernel in ((64, "mmq_multi_m4"), (65, "gemm_m64")):
+    for rows, kernel in ((64, "mmq_multi_m2"), (65, "gemm_m64")):
         rt.launches.clear()
         runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32), 0, np.arange(5), "last")])
         names = {n for n, _, _ in rt.launches}
-        assert kernel in names and not {"mmq_multi_m4", "gemm_m64"} - {kernel} & names, rows
+        assert kernel in names and not {"mmq_multi_m2", "gemm_m64"} - {kernel} & names, rows
 
 
 @pytest.mark.parametrize("limit,pf", [(None, 1), (1024, 0)])
@@ -160,17 +160,19 @@ def test_mmq_prefetches_only_launches_under_the_byte_limit(golden_dir, monkeypat
     assert len(pfs) == 4 * runner.spec.n_layer and set(pfs) == {pf}
 
 
-def test_amd_mmq_launches_take_32_rows(golden_dir, monkeypatch):
-    # mmq.hip builds its 64-row kernels for NVIDIA only: on AMD, 40 rows are two m2 launches
+@pytest.mark.parametrize("platform", ["fake", "rocm"])
+def test_33_to_64_row_mmq_launches_split_x_rows_over_two_halves(golden_dir, monkeypatch, platform):
+    # 40 rows: one m2 launch per product with gridDim.y = 2 (rows 0-31, 32-39), on every platform
     rt = FakeRuntime()
-    monkeypatch.setattr(rt, "platform", "rocm", raising=False)
+    monkeypatch.setattr(rt, "platform", platform, raising=False)
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
     runner.allocate_kv(32, 16)
     runner.forward([SeqBatch(np.arange(1, 41, dtype=np.int32), 0, np.arange(3), "last")])
-    names = [n for n, _, _ in rt.launches]
-    # per layer q/k/v, wo and down, each in a launch of 32 rows and one of 8
-    assert "mmq_multi_m4" not in names
-    assert names.count("mmq_multi_m2") == names.count("mmq_multi_m1") == 3 * runner.spec.n_layer
+    grids = [g for n, g, _ in rt.launches if n.startswith("mmq_")]
+    names = [n for n, _, _ in rt.launches if n.startswith("mmq_")]
+    assert names.count("mmq_multi_m2") == 3 * runner.spec.n_layer  # q/k/v, wo, down
+    assert names.count("mmq_glu_m2") == runner.spec.n_layer
+    assert len(grids) == 4 * runner.spec.n_layer and all(g[1] == 2 for g in grids)
 
 
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])
@@ -189,7 +191,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
         if rep == 0:
             # 40 rows: quantized types on mmq.hip (MMQ_MAX_ROWS), F32 on SIMT float32 tiles;
             # attention by attn_rows (ATT_ROWS_MAX)
-            prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "mmq_multi_m4"
+            prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "mmq_multi_m2"
             assert prefill_kernel in names and "attn_rows" in names
         else:
             assert not names  # replayed; the output launches (not captured) stay
@@ -198,7 +200,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     runner.forward([SeqBatch(np.arange(1, 101, dtype=np.int32), 0, np.arange(7), "last")])
     names = {n for n, _, _ in rt.launches}
     if name != "llama-f32.gguf":
-        assert "mmq_multi_m4" in names and "gemm_m64" not in names
+        assert "mmq_multi_m2" in names and "gemm_m64" not in names
     assert "attn_rows" in names and not any(n.startswith("attn_prefill") for n in names)
     rt.launches.clear()
     long = np.arange(1, 141, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
@@ -539,9 +541,10 @@ def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
 @pytest.mark.parametrize("rows", [2, 8, 12, 32, 48])
 def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
     """2-64 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
-    one mmq launch (m1 up to 16 rows, m2 up to 32, m4 above) writing those rows, with its row
-    groups and warp split as the plan computes them; attention splits stop at ATT_FILL blocks
-    per compute unit. plan.mmq off: the mvq kernels (or the prefill GEMM past 32)."""
+    one mmq launch (m1 up to 16 rows, m2 up to 32, m2 over two row halves above) writing those
+    rows, with its row groups and warp split as the plan computes them; attention splits stop
+    at ATT_FILL blocks per compute unit. plan.mmq off: the mvq kernels (or the prefill GEMM past
+    32)."""
     from forge_hip.plan import ATT_FILL, MMQ_LAUNCH_ROWS, MMQ_WARPS, mmq_items
 
     rt = FakeRuntime()
@@ -564,8 +567,10 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
         halves = [(r0, min(step, rows - r0)) for r0 in range(0, rows, step)]
         # qkv, wo, gate/up, down; the head, each once per launch
         assert len(products) == (4 * spec.n_layer + 1) * len(halves)
-        mts = {1 if n <= 16 else 2 if n <= 32 else 4 for _, n in halves}
+        mts = {1 if n <= 16 else 2 for _, n in halves}
         assert set(products) == {f"mmq_{k}_m{mt}" for k in ("multi", "glu") for mt in mts}
+        ys = {g[1] for n, g, _ in rt.launches if n.startswith("mmq_")}
+        assert ys == {1 if n <= 32 else 2 for _, n in halves}  # gridDim.y: x's row halves
         before = [names[names.index(p, i) - 1] for i, p in enumerate(names) if p in products]
         assert names.count("mvq_quant") == len(products) and set(before) == {"mvq_quant"}
         seen = set()

@@ -14,7 +14,7 @@ from forge_hip.plan import (
     MVQ_THREADS,
     mmq_items,
     mmq_ks,
-    mmq_tiles,
+    mmq_shape,
     mvq_need,
 )
 from forge_hip.sources import load_source
@@ -31,25 +31,25 @@ def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=No
     buffer, then mmq_multi (act None) or mmq_glu over the case's matrices writing them, as
     forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
     (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip),
-    `pf` mmq.hip's L2 prefetch flag (None: 1)."""
+    `pf` mmq.hip's L2 prefetch flag (None: 1). 33-64 rows: m2 blocks over two row halves."""
     types, R, K = case.types, case.R, case.K
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W][: 1 if act is not None else None]
-    ks = ks or mmq_ks(K, types, ns, rt.props.compute_units)
-    items = mmq_items(ns, ks)
-    grid = min(grid or items, items)
     pf = 1 if pf is None else pf
     get = get or lib.get
     for r0 in range(0, R, MMQ_LAUNCH_ROWS):
         n = min(MMQ_LAUNCH_ROWS, R - r0)
         xq = quantize_x(rt, lib, dev, case, need, r0, n)
-        mt = mmq_tiles(n)
+        mt, halves = mmq_shape(n)
+        kw = ks or mmq_ks(K, types, ns, rt.props.compute_units, halves)
+        items = mmq_items(ns, kw)
+        blocks = (min(grid or items, items), halves)
         if act is None:
-            rt.launch(get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
-                      [case.descs, 0, len(types), n, r0, xq, K, need, items, ks, pf])  # fmt: skip
+            rt.launch(get(f"mmq_multi_m{mt}"), blocks, (MVQ_THREADS,),
+                      [case.descs, 0, len(types), n, r0, xq, K, need, items, kw, pf])  # fmt: skip
         else:
-            rt.launch(get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
-                      [case.descs, 0, n, r0, xq, K, need, items, ks, act, pf])  # fmt: skip
+            rt.launch(get(f"mmq_glu_m{mt}"), blocks, (MVQ_THREADS,),
+                      [case.descs, 0, n, r0, xq, K, need, items, kw, act, pf])  # fmt: skip
 
 
 @pytest.mark.parametrize("R", [2, 5, 9, 16, 17, 32, 45, 64])
@@ -127,8 +127,8 @@ def test_mmq_prefetch_changes_no_output_bit(rt, lib, dev, act):
 @pytest.mark.parametrize("ks", [1, 2, 4, 8])
 @pytest.mark.parametrize("R", [33, 64, 100])
 def test_mmq_gated_64_row_launches_and_warp_splits(rt, lib, dev, R, ks):
-    """The m4 kernels (33-64 rows; 100: two launches): the gated one hands its 64 sums per lane
-    to warp 0 of its row group in two rounds through shared memory."""
+    """33-64 rows (100: two launches) as m2 blocks over two row halves of x, with every split of
+    a row group's chunks over its warps."""
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, ("Q4_K", "Q6_K"), R, mvq_k(("Q4_K", "Q6_K")), [45, 45], bias=True)
     launch_mmq(rt, lib, dev, case, act=1, ks=ks, grid=3)

@@ -151,7 +151,7 @@ MVQ_SPLIT = True
 # stays on mmv.hip (its quantized x in registers, no tile padding).
 MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 MMQ_MIN_ROWS = 2
-# Up to MMQ_LAUNCH_ROWS rows per launch (mmq_tiles), more: one launch per 64, each reading the
+# Up to MMQ_LAUNCH_ROWS rows per launch (mmq_shape), more: one launch per 64, each reading the
 # weights again. 65..MMQ_MAX_ROWS rows only for products whose matrices (at most
 # MMQ_REREAD_BYTES) the later launches find in L2: there gemm.hip's 64-row tiles leave a small
 # model's SMs idle. H200, gemma3 twin, a server's mixed pass (31 decode rows and a 40 / 60 /
@@ -168,39 +168,36 @@ MMQ_WARPS = 8  # mmq.hip's MMQ_WARPS: 32-lane warps per block (256 threads)
 # for mmv.hip, only launches of at most MVQ_PREFETCH_BYTES prefetch (l2_prefetch_pays): the
 # first items of a large matrix's blocks would fill L2 (the head was the same either way).
 MMQ_PREFETCH = True
+MMQ_BLOCKS_PER_CU = 2  # mmq blocks resident per compute unit (mmq.hip's __launch_bounds__)
 
 
-def mmq_launch_rows(platform: str) -> int:
-    """Rows per mmq launch: MMQ_LAUNCH_ROWS, but 32 on AMD (mmq.hip builds no m4 kernels there)."""
-    return 32 if platform == "rocm" else MMQ_LAUNCH_ROWS
-
-
-def mmq_blocks_per_cu(mt: int) -> int:
-    """Blocks of mmq_*_m<mt> resident per compute unit (mmq.hip's __launch_bounds__)."""
-    return 1 if mt == 4 else 2
+def mmq_shape(rows: int) -> tuple[int, int]:
+    """(MT, halves) of an mmq launch over `rows` rows: the mmq_*_m<MT> kernel (MT m16 tiles of x
+    rows per warp) and its blocks over x's rows (gridDim.y): m1 up to 16 rows, m2 up to 32, m2
+    over two row halves up to MMQ_LAUNCH_ROWS. The halves replaced 64-row m4 kernels (one block
+    per SM, their registers): H100, gemma3 twin, replayed graphs, 31 decode rows + a 20-token
+    prompt 1,574-1,598 -> 1,351 us, a 51-row decode step 1,765 -> 1,566 (32 rows: m2 as before);
+    the same bits. Two m2 launches of 32 rows instead: 1,874-1,887."""
+    return (1, 1) if rows <= 16 else (2, -(-rows // 32))
 
 
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
 
 
-def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int, mt: int = 2) -> int:
+def mmq_ks(k: int, types: list[str], ns: list[int], compute_units: int, halves: int = 1) -> int:
     """Warps of an mmq block that split one row group's chunks (the rest take other row groups):
-    the fewest that give two blocks per compute unit, at most one per chunk of the shortest-chunked
-    type. Fewer warps per row group read x less often; more fill the GPU when N is small."""
+    the fewest that give MMQ_BLOCKS_PER_CU blocks per compute unit over the launch's row halves,
+    at most one per chunk of the shortest-chunked type. Fewer warps per row group read x less
+    often; more fill the GPU when N is small."""
     chunks = min(k // MMQ_CHUNK.get(t, 32) for t in types)
     best = 1
     for ks in (1, 2, 4, 8):
         if ks > max(chunks, 1):
             break
         best = ks
-        if mmq_items(ns, ks) >= mmq_blocks_per_cu(mt) * compute_units:
+        if mmq_items(ns, ks) * halves >= MMQ_BLOCKS_PER_CU * compute_units:
             break
     return best
-
-
-def mmq_tiles(rows: int) -> int:
-    """m16 tiles of x rows per warp: the MT of the mmq_*_m<MT> kernel for `rows` rows."""
-    return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
 def even_grid(items: int, most: int) -> int:
@@ -388,21 +385,20 @@ class Plan:
         k, need = mats[0].k, mvq_need(types)
         ns = [p.n for p in (mats[:1] if act is not None else mats)]
         cus, descs = self.lib.runtime.props.compute_units, self.ws.descs
-        step = mmq_launch_rows(self.lib.runtime.platform)
         pf = int(self.mmq_prefetch and l2_prefetch_pays(mats))
-        for r0 in range(0, rows, step):
-            n = min(step, rows - r0)
+        for r0 in range(0, rows, MMQ_LAUNCH_ROWS):
+            n = min(MMQ_LAUNCH_ROWS, rows - r0)
             xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
-            mt = mmq_tiles(n)
-            ks = mmq_ks(k, types, ns, cus, mt)
+            mt, halves = mmq_shape(n)
+            ks = mmq_ks(k, types, ns, cus, halves)
             items = mmq_items(ns, ks)
-            grid = even_grid(items, mmq_blocks_per_cu(mt) * cus)
+            grid = (even_grid(items, MMQ_BLOCKS_PER_CU * cus // halves), halves)
             tail = [k, need, items, ks]
             if act is None:
-                self.launch(self.lib.get(f"mmq_multi_m{mt}"), (grid,), (MVQ_THREADS,),
+                self.launch(self.lib.get(f"mmq_multi_m{mt}"), grid, (MVQ_THREADS,),
                             [descs, first, count, n, r0, xg, *tail, pf])  # fmt: skip
             else:
-                self.launch(self.lib.get(f"mmq_glu_m{mt}"), (grid,), (MVQ_THREADS,),
+                self.launch(self.lib.get(f"mmq_glu_m{mt}"), grid, (MVQ_THREADS,),
                             [descs, first, n, r0, xg, *tail, act, pf])  # fmt: skip
 
     def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
