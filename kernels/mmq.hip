@@ -78,7 +78,8 @@ struct MmqW {
 };
 
 // Adds block s of x times the weights in w to acc[i][j][e] (m tile i, n tile j, mma C element e).
-// xo[2i], xo[2i + 1]: offsets of x rows 16i + g and 16i + g + 8 (rows past R repeat row R - 1).
+// xo[2i], xo[2i + 1]: offsets of the block's x rows 16i + g and 16i + g + 8 (past its rows: its
+// last row again).
 template <int MT, bool CONTIG, bool MINS, bool HALVES>
 FORGE_DEV void mmq_block(const XQ& x, const int* xo, int s, const MmqW& w, float (*acc)[2][4]) {
     const int t = threadIdx.x & 3;
