@@ -19,8 +19,8 @@
 // mmq_multi_m<MT>(descs, first, count, R, r0, xg, K, need, items, ks, pf): descriptors first ..
 //   first + count - 1, which share x [R, K] (quantized in xg), R <= 16 MT gridDim.y, written to
 //   rows r0 .. r0 + R - 1 of each y (more rows: one launch per 64 with its own xg). Blocks
-//   (b, c) take x rows 16 MT c .. 16 MT (c + 1) - 1: two row halves of 32 share each weight
-//   row group's reads (the second finds them in L2). items: row groups of 16 * (8 / ks) weight
+//   (b, c) take x rows 16 MT c .. 16 MT (c + 1) - 1: two row halves share each weight row
+//   group's reads (the second finds them in L2). items: row groups of 16 * (8 / ks) weight
 //   rows over the matrices in turn (mmv.h mvq_item); block (b, c) takes items b, b + gridDim.x,
 //   ... block = 256 threads; ks in {1, 2, 4, 8}.
 // mmq_glu_m<MT>(descs, first, R, r0, xg, K, need, items, ks, act, pf): y_gate = act(x Wg^T + bg) *
@@ -503,6 +503,6 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
         mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act, pf);         \
     }
 MMQ_KERNELS(1, 2)
-// 33-64 rows: m2 blocks over two row halves (gridDim.y = 2, forge_hip.plan.mmq_shape), not m4
+// 17-32 rows: m1 blocks over two row halves, 33-64: m2 over two (forge_hip.plan.mmq_shape), not m4
 // kernels: those held 226 / 255 registers on sm_90, one block per SM, and took longer.
 MMQ_KERNELS(2, 2)

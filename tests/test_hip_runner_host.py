@@ -541,10 +541,10 @@ def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
 @pytest.mark.parametrize("rows", [2, 8, 12, 32, 48])
 def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
     """2-64 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
-    one mmq launch (m1 up to 16 rows, m2 up to 32, m2 over two row halves above) writing those
-    rows, with its row groups and warp split as the plan computes them; attention splits stop
-    at ATT_FILL blocks per compute unit. plan.mmq off: the mvq kernels (or the prefill GEMM past
-    32)."""
+    one mmq launch (m1 up to 16 rows, m1 over two 16-row halves up to 32, m2 over two 32-row
+    halves above) writing those rows, with its row groups and warp split as the plan computes
+    them; attention splits stop at ATT_FILL blocks per compute unit. plan.mmq off: the mvq
+    kernels (or the prefill GEMM past 32)."""
     from forge_hip.plan import ATT_FILL, MMQ_LAUNCH_ROWS, MMQ_WARPS, mmq_items
 
     rt = FakeRuntime()
@@ -567,10 +567,10 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
         halves = [(r0, min(step, rows - r0)) for r0 in range(0, rows, step)]
         # qkv, wo, gate/up, down; the head, each once per launch
         assert len(products) == (4 * spec.n_layer + 1) * len(halves)
-        mts = {1 if n <= 16 else 2 for _, n in halves}
+        mts = {1 if n <= 32 else 2 for _, n in halves}
         assert set(products) == {f"mmq_{k}_m{mt}" for k in ("multi", "glu") for mt in mts}
         ys = {g[1] for n, g, _ in rt.launches if n.startswith("mmq_")}
-        assert ys == {1 if n <= 32 else 2 for _, n in halves}  # gridDim.y: x's row halves
+        assert ys == {1 if n <= 16 else 2 for _, n in halves}  # gridDim.y: x's row halves
         before = [names[names.index(p, i) - 1] for i, p in enumerate(names) if p in products]
         assert names.count("mvq_quant") == len(products) and set(before) == {"mvq_quant"}
         seen = set()

@@ -26,12 +26,15 @@ from tests.gpu.test_kernels_gemv import MvqCase, _act, mvq_k, quantize_x
 from tests.gpu.test_runner import _runner
 
 
-def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None, pf=None):
+def launch_mmq(
+    rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=None, pf=None, shape=None
+):
     """Per 64 rows of x (MMQ_LAUNCH_ROWS), those rows quantized by mvq_quant into a poisoned
     buffer, then mmq_multi (act None) or mmq_glu over the case's matrices writing them, as
     forge_hip.plan launches them; `ks` warps per row group (None: the plan's), `grid` blocks
     (fewer than the items: blocks loop), `get` the kernel lookup (another build of mmq.hip),
-    `pf` mmq.hip's L2 prefetch flag (None: 1). 33-64 rows: m2 blocks over two row halves."""
+    `pf` mmq.hip's L2 prefetch flag (None: 1). 17-64 rows: blocks over two row halves of x
+    (`shape`: (MT, halves) instead of mmq_shape's)."""
     types, R, K = case.types, case.R, case.K
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W][: 1 if act is not None else None]
@@ -40,7 +43,7 @@ def launch_mmq(rt, lib, dev, case: MvqCase, act=None, ks=None, grid=None, get=No
     for r0 in range(0, R, MMQ_LAUNCH_ROWS):
         n = min(MMQ_LAUNCH_ROWS, R - r0)
         xq = quantize_x(rt, lib, dev, case, need, r0, n)
-        mt, halves = mmq_shape(n)
+        mt, halves = shape or mmq_shape(n)
         kw = ks or mmq_ks(K, types, ns, rt.props.compute_units, halves)
         items = mmq_items(ns, kw)
         blocks = (min(grid or items, items), halves)
@@ -133,6 +136,30 @@ def test_mmq_gated_64_row_launches_and_warp_splits(rt, lib, dev, R, ks):
     case = MvqCase(dev, rng, ("Q4_K", "Q6_K"), R, mvq_k(("Q4_K", "Q6_K")), [45, 45], bias=True)
     launch_mmq(rt, lib, dev, case, act=1, ks=ks, grid=3)
     assert rel_err(case.out(0), _act(case.ref(0), 1) * case.ref(1)) < 1e-5
+
+
+@pytest.mark.parametrize("R", [17, 24, 32])
+def test_m1_row_halves_match_one_m2_launch_bit_for_bit(rt, lib, dev, R):
+    """17-32 rows run as m1 blocks over two 16-row halves of x (mmq_shape); with the same warp
+    split, every output equals the single m2 launch's (block sums are exact, each output adds
+    the same terms in the same order)."""
+    assert mmq_shape(R) == (1, 2)
+    rng = np.random.default_rng()
+    for types, act in [(("Q4_K", "Q6_K", "Q8_0"), None), (("Q5_0", "Q4_1"), None),
+                       (("Q4_K", "Q4_K"), 0)]:  # fmt: skip
+        ns = [53, 53] if act is not None else [37, 50, 19][: len(types)]
+        case = MvqCase(dev, rng, types, R, mvq_k(types), ns, bias=True)
+        launch_mmq(rt, lib, dev, case, act=act, ks=2, shape=(2, 1))
+        one = [case.out(j).copy() for j in range(len(types))]
+        assert (
+            rel_err(one[0], case.ref(0) if act is None else _act(case.ref(0), act) * case.ref(1))
+            < 1e-5
+        )
+        for y, w in zip(case.y, case.W):  # poisoned again: the halves must write every output
+            rt.memset(y, 0xFF, R * w.shape[0] * 4)
+        launch_mmq(rt, lib, dev, case, act=act, ks=2)
+        for j in range(1 if act is not None else len(types)):
+            np.testing.assert_array_equal(case.out(j), one[j], err_msg=str(types))
 
 
 def test_mmq_shuffle_fragments_match_mma_bit_for_bit(rt, lib, dev):

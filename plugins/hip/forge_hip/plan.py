@@ -173,12 +173,16 @@ MMQ_BLOCKS_PER_CU = 2  # mmq blocks resident per compute unit (mmq.hip's __launc
 
 def mmq_shape(rows: int) -> tuple[int, int]:
     """(MT, halves) of an mmq launch over `rows` rows: the mmq_*_m<MT> kernel (MT m16 tiles of x
-    rows per warp) and its blocks over x's rows (gridDim.y): m1 up to 16 rows, m2 up to 32, m2
-    over two row halves up to MMQ_LAUNCH_ROWS. The halves replaced 64-row m4 kernels (one block
-    per SM, their registers): H100, gemma3 twin, replayed graphs, 31 decode rows + a 20-token
-    prompt 1,574-1,598 -> 1,351 us, a 51-row decode step 1,765 -> 1,566 (32 rows: m2 as before);
-    the same bits. Two m2 launches of 32 rows instead: 1,874-1,887."""
-    return (1, 1) if rows <= 16 else (2, -(-rows // 32))
+    rows per warp) and its blocks over x's rows (gridDim.y, 16 MT rows each): m1 up to 16 rows,
+    m1 over two 16-row halves up to 32, m2 over two 32-row halves up to MMQ_LAUNCH_ROWS. H100,
+    gemma3 twin, replayed graphs (the same bits each way): a 32-row decode step 1,185-1,197 us
+    with one m2 launch per product -> 1,105-1,107 with m1 halves (four m1 halves for 51 rows:
+    1,563 -> 1,635, so m2 stays above 32); the halves replaced 64-row m4 kernels (one block per
+    SM, their registers): 31 decode rows + a 20-token prompt 1,574-1,598 -> 1,351 us, a 51-row
+    decode step 1,765 -> 1,566. Two m2 launches of 32 rows instead: 1,874-1,887."""
+    if rows <= 32:
+        return 1, -(-rows // 16)
+    return 2, -(-rows // 32)
 
 
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
