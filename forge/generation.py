@@ -50,6 +50,8 @@ class SequenceState:
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self._decoder = StreamDecoder(tokenizer)
+        self._eog = tokenizer.eog_ids
+        self._greedy: bool | None = None  # is_greedy, worked out once
         self._pending = ""  # decoded text held back because it may start a stop string
         self.text = ""  # everything emitted so far
         self._device: DeviceSampling | None | bool = False  # False: not worked out yet
@@ -61,13 +63,15 @@ class SequenceState:
     @property
     def is_greedy(self) -> bool:
         """True when the pick depends on the argmax alone (a device may pick for us)."""
-        return self.sampler.chain == ["greedy"] and self.logprobs is None
+        if self._greedy is None:  # (the scheduler asks every step for every sequence)
+            self._greedy = self.sampler.chain == ["greedy"] and self.logprobs is None
+        return self._greedy
 
     def ends_with(self, token: int) -> bool:
         """True when taking `token` next certainly ends the sequence: an end-of-generation
         token, max_tokens, or the context full (a stop string needs the text: only `take` finds
         it)."""
-        return token in self.tokenizer.eog_ids or self.full_after(1)
+        return token in self._eog or self.full_after(1)
 
     def full_after(self, ahead: int) -> bool:
         """True when `ahead` more tokens certainly end the sequence by count (max_tokens, or the
@@ -114,7 +118,7 @@ class SequenceState:
         """Append a chosen token, update stop state, and return the text it releases."""
         self.sampler.accept(token)
         self.generated.append(token)
-        if token in self.tokenizer.eog_ids:
+        if token in self._eog:
             return TokenEvent(token, self._finish("stop"))
         text = self._release(self._decoder.push(token))
         if self.finish_reason is None and self._full(len(self.generated)):
@@ -126,6 +130,9 @@ class SequenceState:
             self.finish_reason = reason
 
     def _release(self, piece: str) -> str:
+        if not self.stop:  # nothing to hold back
+            self.text += piece
+            return piece
         self._pending += piece
         for s in self.stop:
             at = self._pending.find(s)

@@ -52,9 +52,12 @@ class BlockTable:
         self.max_positions = max_positions
         self.blocks: list[int] = []
         self._array: np.ndarray | None = None  # `blocks` as int32, rebuilt when they change
+        self._room = 0  # positions the blocks hold (at most max_positions)
 
     def ensure(self, n_positions: int) -> None:
         """Make room for positions 0 .. n_positions-1 (allocating blocks as needed)."""
+        if n_positions <= self._room:  # (every decode step of every sequence asks)
+            return
         if n_positions > self.max_positions:
             raise ContextOverflowError(
                 f"sequence needs {n_positions} positions, the context holds {self.max_positions}"
@@ -63,6 +66,7 @@ class BlockTable:
         if missing > 0:
             self.blocks += self.allocator.allocate(missing)
             self._array = None
+        self._room = min(len(self.blocks) * self.allocator.block_size, self.max_positions)
 
     def array(self) -> np.ndarray:
         """The block ids as int32 (the same array until the blocks change: do not modify)."""
@@ -76,3 +80,4 @@ class BlockTable:
             self.allocator.free(self.blocks)
             self.blocks = []
             self._array = None
+            self._room = 0

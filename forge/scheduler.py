@@ -47,6 +47,8 @@ from forge.kv_cache import BlockTable
 log = logging.getLogger("forge.scheduler")
 
 PREFILL_CHUNK = 256  # prompt tokens per step, over all prefilling sequences
+_FED_PLACEHOLDER = np.zeros(1, np.int32)  # the token of a sequence fed on the device
+_FED_PLACEHOLDER.flags.writeable = False
 
 
 class QueueFullError(ForgeError):
@@ -328,7 +330,7 @@ class Scheduler:
         batch, feed = [], []
         for i, (request, n) in enumerate(plan):
             if id(request) in fed:
-                tokens = np.zeros(1, np.int32)  # a placeholder: the runner feeds the pick
+                tokens = _FED_PLACEHOLDER  # the runner feeds the pick
                 feed.append(fed[id(request)])
             else:
                 tokens = np.asarray(request.pending[:n], dtype=np.int32)

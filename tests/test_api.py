@@ -105,3 +105,27 @@ def test_generation_stops_at_context_end(golden_dir):
     ids = small.tokenize("The quick brown fox jumps over the lazy dog.")
     out = small.complete(ids, max_tokens=100, temperature=0)
     assert out.finish_reason == "length" and len(ids) + out.completion_tokens == 16
+
+
+def test_block_table_ensure_allocates_only_past_its_room():
+    """ensure() takes blocks only for positions past what its blocks hold, never past the
+    context (also once blocks hold more positions than the context allows), and release()
+    empties the table so the next ensure() allocates again."""
+    from forge.kv_cache import BlockAllocator, BlockTable
+
+    alloc = BlockAllocator(8, 16)
+    table = BlockTable(alloc, 40)  # 3 blocks hold 48 positions: 41..48 are still refused
+    table.ensure(17)
+    assert len(table.blocks) == 2 and alloc.n_free == 6
+    held = table.array()
+    table.ensure(32)
+    assert table.array() is held and alloc.n_free == 6  # nothing new
+    table.ensure(33)
+    assert len(table.blocks) == 3 and alloc.n_free == 5
+    table.ensure(40)
+    with pytest.raises(ContextOverflowError, match="41 positions"):
+        table.ensure(41)
+    table.release()
+    assert alloc.n_free == 8 and table.array().size == 0
+    table.ensure(1)
+    assert len(table.blocks) == 1 and alloc.n_free == 7

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from forge_hip.runtime.base import ArgPack, DeviceBuffer, DeviceProps, Kernel
 
-from forge.backend import SeqBatch
+from forge.backend import DeviceSampling, SeqBatch
 from forge.errors import ContextOverflowError, ForgeRuntimeError, OutOfMemoryError
 from forge.gguf import open_gguf
 from forge.models import build_spec
@@ -587,3 +587,42 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
         assert grids and all(g == (spec.n_head, rows, max(1, want)) for g in grids), grids
         assert MMQ_WARPS == 8
     runner.close()
+
+
+def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir):
+    """A step of one-token pieces (a decode step) fills the host metadata through
+    `_prepare_decode`; every word of it, and what it returns, equals `_prepare_rows`' result
+    for the same pieces: positions across block boundaries, tables longer than needed, outputs
+    "last" / "all" / "none", argmax and sampled picks, fed and unfed rows."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(256, 16)
+    rng = np.random.default_rng(7)
+    n = 24
+    starts = rng.integers(0, 100, n)
+    chunk = [SeqBatch(np.array([rng.integers(0, runner.spec.n_vocab)], np.int32), int(p),
+                      rng.permutation(256)[: p // 16 + 1 + rng.integers(0, 3)].astype(np.int32),
+                      ("last", "all", "none")[i % 3])
+             for i, p in enumerate(starts)]  # fmt: skip
+    sampled = DeviceSampling(temperature=0.7, top_k=20, top_p=0.9, key=5)
+    picks = [None if b.output == "none" else (sampled if i % 2 else DeviceSampling())
+             for i, b in enumerate(chunk)]  # fmt: skip
+    feed = [int(i) if i % 4 else -1 for i in range(n)]
+    results = []
+    for prepare in (runner._prepare_rows, runner._prepare_decode):
+        runner.meta.host[:] = 12345  # what either leaves unwritten stays so
+        rows, wanted, n_bt = prepare(chunk, picks, feed)
+        results.append((rows, [w.tolist() for w in wanted], n_bt, runner.meta.host.copy()))
+    (rows, wanted, n_bt, host), fast = results
+    assert rows == n and n_bt == sum(int(p) // 16 + 1 for p in starts)
+    assert fast[:3] == (rows, wanted, n_bt)
+    np.testing.assert_array_equal(fast[3], host)
+
+    def general(*args):
+        raise AssertionError("a decode step took the general path")
+
+    runner._prepare_rows = general  # one-token pieces take the fast path; longer ones cannot
+    assert runner._prepare(chunk, picks, feed)[0] == n
+    longer = [SeqBatch(np.array([1, 2], np.int32), 0, np.arange(2, dtype=np.int32))]
+    with pytest.raises(AssertionError, match="general path"):
+        runner._prepare(chunk + longer, picks + [None], feed + [-1])

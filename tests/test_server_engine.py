@@ -167,3 +167,30 @@ def test_drain_from_a_signal_handler_does_not_wait_for_the_pipe():
     t.join(5)
     assert not t.is_alive(), "drain() waited for the lock its own thread holds"
     assert not engine._accepting and engine._commands.sent == []
+
+
+def test_token_events_cross_the_pipe_as_their_fields():
+    """The child sends each TokenEvent as plain fields (cheap to pickle) and the parent rebuilds
+    it: callbacks get events equal to the ones put, logprobs included, and Finished as is."""
+    import threading
+    from multiprocessing import Pipe
+
+    from forge.generation import TokenEvent
+    from forge.scheduler import Finished
+    from forge.server.engine_process import EngineProcess, _Outbox
+
+    read, write = Pipe(duplex=False)
+    outbox = _Outbox(write, lambda: {"running": 1})
+    sent = [TokenEvent(5, "hi", -0.25, [(5, -0.25), (7, -1.5)]), TokenEvent(6, ""),
+            Finished("stop", 3, 2, None)]  # fmt: skip
+    for message in sent:
+        outbox.put(9, message)
+    outbox.flush()
+    kind, items, stats = read.recv()
+    assert kind == "out" and stats == {"running": 1} and len(items) == 3
+    assert all(type(x) in (int, str, float, list, type(None)) for x in items[0])
+    got: list = []
+    engine = EngineProcess.__new__(EngineProcess)  # _dispatch's state only, no child
+    engine._callbacks, engine._lock = {9: got.append}, threading.Lock()
+    engine._dispatch(items)
+    assert got == sent and 9 not in engine._callbacks  # Finished ends the request

@@ -183,6 +183,23 @@ def test_stream_skips_control_tokens(default_tok):
     assert StreamDecoder(default_tok, skip_special=False).push(106) == "<end_of_turn>"
 
 
+def test_piece_remembers_each_id_per_skip_flag(golden_dir):
+    """piece() keeps what it worked out per id, once with control tokens skipped and once
+    not: asking in either order gives each flag its own answer, and ids out of range fail
+    every time (none wraps around from the end)."""
+    for first in (True, False):
+        meta = _good_spm()
+        meta["tokenizer.ggml.token_type"] = np.array([TokenType.CONTROL, 1, 1], np.int32)
+        tok = tokenizer_from_metadata(meta)
+        assert tok.piece(0, first) == (b"" if first else tok.token_bytes(0))
+        assert tok.piece(0, not first) == (tok.token_bytes(0) if first else b"")
+        assert tok.piece(0, first) == (b"" if first else tok.token_bytes(0))
+        assert tok.piece(1) == tok.token_bytes(1) != b""
+        for bad in (-1, 3, -3):
+            with pytest.raises(UsageError, match="out of range"):
+                tok.piece(bad)
+
+
 # -- special tokens ----------------------------------------------------------------------------
 def test_special_tokens_parsed_in_text(default_tok):
     tok = default_tok

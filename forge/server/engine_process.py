@@ -9,9 +9,10 @@ the processes:
 
 - parent -> child: ("submit", rid, prompt ids, max_tokens, stop, logprobs, SamplingParams),
   ("cancel", rid), ("stop", timeout) (which drains: running requests finish first);
-- child -> parent: ("ready", info) or ("failed", why) once, then ("out", [(rid, TokenEvent or
-  Finished), ...], stats) after each scheduler step (sent from the scheduler thread while the
-  next step computes), a ("stats", stats) heartbeat while idle, and ("stopped", clean) last.
+- child -> parent: ("ready", info) or ("failed", why) once, then ("out", [(rid, Finished) or
+  (rid, *TokenEvent's fields), ...], stats) after each scheduler step (sent from the scheduler
+  thread while the next step computes), a ("stats", stats) heartbeat while idle, and
+  ("stopped", clean) last.
 
 The parent enforces the waiting-queue bound itself (requests it sent, minus finished ones, minus
 those the last stats say are running), so a full queue is refused at once (HTTP 429) without a
@@ -204,7 +205,9 @@ class EngineProcess:
             self._stopped.set()
 
     def _dispatch(self, items: list) -> None:
-        for rid, event in items:
+        for item in items:
+            rid = item[0]
+            event = item[1] if len(item) == 2 else TokenEvent(*item[1:])
             if isinstance(event, Finished):
                 with self._lock:
                     callback = self._callbacks.pop(rid, None)
@@ -255,8 +258,12 @@ class _Outbox:
         self._last_stats: dict = {}
 
     def put(self, rid: int, message: TokenEvent | Finished) -> None:
+        if isinstance(message, TokenEvent):  # as plain fields: pickled ~5x faster
+            item = (rid, message.token, message.text, message.logprob, message.top_logprobs)
+        else:
+            item = (rid, message)
         with self._lock:
-            self._items.append((rid, message))
+            self._items.append(item)
 
     def flush(self) -> None:
         # taken and sent under the pipe's lock: two threads flushing keep the messages in order

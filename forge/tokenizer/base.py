@@ -68,6 +68,12 @@ class Tokenizer(ABC):
         self._types = vocab.types
         self._token_to_id = vocab.token_to_id
         self._matcher = SpecialMatcher(vocab.tokens, vocab.types)
+        # piece()'s bytes per token id, filled as ids are first asked for: a server streams
+        # tens of thousands of tokens a second through it ([skip_special False, True])
+        self._pieces: tuple[list[bytes | None], list[bytes | None]] = (
+            [None] * len(vocab.tokens),
+            [None] * len(vocab.tokens),
+        )
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -166,10 +172,14 @@ class Tokenizer(ABC):
     def piece(self, token_id: int, skip_special: bool = True) -> bytes:
         """The bytes `token_id` contributes inside a decoded sequence: b"" for control, unknown
         and unused tokens when `skip_special`, else as `token_bytes`."""
-        token_id = self._check_id(token_id)
-        if skip_special and int(self._types[token_id]) in _SKIPPED_TYPES:
-            return b""
-        return self._piece(token_id)
+        known = self._pieces[skip_special]
+        token_id = int(token_id)
+        data = known[token_id] if 0 <= token_id < len(known) else None
+        if data is None:
+            token_id = self._check_id(token_id)
+            skipped = skip_special and int(self._types[token_id]) in _SKIPPED_TYPES
+            data = known[token_id] = b"" if skipped else self._piece(token_id)
+        return data
 
     def decode_bytes(self, ids: list[int], skip_special: bool = True) -> bytes:
         """The concatenated bytes of `ids` (see `piece`)."""

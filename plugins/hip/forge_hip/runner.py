@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -202,8 +203,9 @@ class HipRunner(Runner):
         are still there, else read first."""
         if len(picks) != len(batch) or (feed is not None and len(feed) != len(batch)):
             raise ForgeRuntimeError(f"{len(picks)} picks (and feed) for a batch of {len(batch)}")
-        lasts = [SeqBatch(b.tokens, b.start, b.block_table, "last" if p is not None else "none")
-                 for b, p in zip(batch, picks)]  # fmt: skip
+        outs = ["last" if p is not None else "none" for p in picks]
+        lasts = [b if b.output == o else SeqBatch(b.tokens, b.start, b.block_table, o)
+                 for b, o in zip(batch, outs)]  # fmt: skip
         fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
         src, on_device = self._source, None
         if fed:
@@ -216,8 +218,13 @@ class HipRunner(Runner):
             rows = self._forward(lasts, ids=True, picks=picks, pieces=pieces)
             fetch = lambda: rows  # noqa: E731
             in_am = None  # ws.am holds the last piece's ids only
-        result = _Deferred(lambda: [None if p is None else int(r[-1])
-                                    for r, p in zip(fetch(), picks)])  # fmt: skip
+        last_ids = getattr(fetch, "last_ids", None)  # one piece per sequence: no arrays
+        if last_ids is not None:
+            result = _Deferred(lambda: [None if p is None else t
+                                        for t, p in zip(last_ids(), picks)])  # fmt: skip
+        else:
+            result = _Deferred(lambda: [None if p is None else int(r[-1])
+                                        for r, p in zip(fetch(), picks)])  # fmt: skip
         self._unfetched.append(result)
         self._source = _Source(result, in_am)
         return result
@@ -231,12 +238,17 @@ class HipRunner(Runner):
         them into `lasts`."""
         if feed_from is None:
             raise ForgeRuntimeError("feed names no step to take the tokens from (feed_from)")
-        if any(len(lasts[i].tokens) != 1 for i, _ in fed):
-            raise ForgeRuntimeError("a fed sequence adds exactly one token")
         sizes = [len(b.tokens) for b in lasts]
+        if any(sizes[i] != 1 for i, _ in fed):
+            raise ForgeRuntimeError("a fed sequence adds exactly one token")
         src = self._source
         in_am = src.in_am if src is not None and src.result is feed_from else None
-        on_device = in_am is not None and all(f < len(in_am) and in_am[f] >= 0 for _, f in fed)
+        on_device = False
+        if in_am is not None:
+            rows = np.fromiter((f for _, f in fed), np.int64, len(fed))
+            on_device = bool(
+                (rows < len(in_am)).all() and (in_am[rows[rows < len(in_am)]] >= 0).all()
+            )
         if on_device and sum(sizes) <= ROW_CAP and all(sizes):
             field = [-1] * len(lasts)
             for i, f in fed:
@@ -324,6 +336,14 @@ class HipRunner(Runner):
         ids row its token comes from: `feed`, both aligned with `chunk`); returns (rows, wanted
         rows per piece, block-table entries). Vectorized over rows: a decode step's engine work
         waits for it."""
+        if chunk and all(len(b.tokens) == 1 for b in chunk):
+            return self._prepare_decode(chunk, picks, feed)
+        return self._prepare_rows(chunk, picks, feed)
+
+    def _prepare_rows(
+        self, chunk: list[SeqBatch], picks: list[Pick] | None, feed: list[int] | None
+    ) -> tuple[int, list[np.ndarray], int]:
+        """`_prepare` for pieces of any length."""
         s, kv, meta = self.spec, self.kv, self.meta
         bs = kv.block_size
         n_seq = len(chunk)
@@ -375,6 +395,44 @@ class HipRunner(Runner):
             fed[first_row[f >= 0]] = f[f >= 0]
         meta.set_picks(at, [(int(e), p) for e, p in zip(ends, picks or ()) if p is not None])
         return at, wanted, at_bt
+
+    def _prepare_decode(
+        self, chunk: list[SeqBatch], picks: list[Pick] | None, feed: list[int] | None
+    ) -> tuple[int, list[np.ndarray], int]:
+        """`_prepare` for pieces of one token each (a decode step): the same metadata, without
+        the per-row bookkeeping of longer pieces (the server's 32-row steps wait for it)."""
+        s, kv, meta = self.spec, self.kv, self.meta
+        bs, n_seq = kv.block_size, len(chunk)
+        tokens = np.concatenate([b.tokens for b in chunk])
+        if tokens.min() < 0 or tokens.max() >= s.n_vocab:
+            raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
+        pos = np.fromiter((b.start for b in chunk), np.int64, n_seq)
+        need = pos // bs + 1
+        tables = [b.block_table for b in chunk]
+        have = np.fromiter(map(len, tables), np.int64, n_seq)
+        if (have < need).any():
+            i = int(np.argmax(have < need))
+            raise ContextOverflowError(f"sequence position {int(pos[i])} has no KV block "
+                                       f"(block table of {int(have[i])})")  # fmt: skip
+        at_bt = int(need.sum())
+        if meta.ensure_bt(at_bt):
+            self.graphs.clear()
+        flat = np.concatenate([t[:k] for t, k in zip(tables, need.tolist())])
+        if flat.min() < 0 or flat.max() >= kv.n_blocks:
+            raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
+        btoff = np.cumsum(need) - need
+        meta.field("ids")[:n_seq] = tokens
+        meta.field("pos")[:n_seq] = pos
+        meta.field("slots")[:n_seq] = flat[btoff + pos // bs] * bs + pos % bs
+        meta.field("btoff")[:n_seq] = btoff
+        meta.bt_host()[:at_bt] = flat
+        one = _one_rows(n_seq)  # row i of the step: piece i's one output row, unless "none"
+        wanted = [one[i] if b.output != "none" else one[-1] for i, b in enumerate(chunk)]
+        out = np.concatenate(wanted)
+        meta.field("outidx")[: len(out)] = out
+        meta.field("feed")[:n_seq] = -1 if feed is None else feed
+        meta.set_picks(n_seq, [(i, p) for i, p in enumerate(picks or ()) if p and p.temperature])
+        return n_seq, wanted, at_bt
 
     def _launch(
         self, chunk: list[SeqBatch], ids: bool, picks: list[Pick], feed: list[int] | None = None
@@ -476,7 +534,13 @@ class HipRunner(Runner):
             picked = _check_picked(host.copy())
             return [picked[w] if len(w) else None for w in wanted]
 
-        fetch.in_am = in_am
+        def last_ids() -> list[int | None]:
+            """Each piece's last wanted id as an int (None: it wants none)."""
+            self.rt.wait(done)
+            picked = _check_picked(host.copy()).tolist()
+            return [picked[w[-1]] if len(w) else None for w in wanted]
+
+        fetch.in_am, fetch.last_ids = in_am, last_ids
         return fetch
 
     def _fetch(self, wanted, produced: np.ndarray, ids: bool) -> list[np.ndarray | None]:
@@ -529,6 +593,16 @@ class HipRunner(Runner):
         if self._own_rt and getattr(self, "rt", None) is not None:
             self.rt.close()
             self.rt = None
+
+
+@lru_cache(maxsize=256)
+def _one_rows(n: int) -> tuple[np.ndarray, ...]:
+    """[i] for i < n as n one-element int64 arrays, then an empty one (shared: read only)."""
+    rows = np.arange(n)
+    out = tuple(rows[i : i + 1] for i in range(n)) + (rows[:0],)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _check_picked(ids: np.ndarray) -> np.ndarray:
