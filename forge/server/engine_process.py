@@ -258,7 +258,7 @@ class _Outbox:
         self._last_stats: dict = {}
 
     def put(self, rid: int, message: TokenEvent | Finished) -> None:
-        if isinstance(message, TokenEvent):  # as plain fields: pickled ~5x faster
+        if isinstance(message, TokenEvent):  # as plain fields: 32 pickle in 4 us, not 32
             item = (rid, message.token, message.text, message.logprob, message.top_logprobs)
         else:
             item = (rid, message)

@@ -172,7 +172,7 @@ class Tokenizer(ABC):
     def piece(self, token_id: int, skip_special: bool = True) -> bytes:
         """The bytes `token_id` contributes inside a decoded sequence: b"" for control, unknown
         and unused tokens when `skip_special`, else as `token_bytes`."""
-        known = self._pieces[skip_special]
+        known = self._pieces[bool(skip_special)]
         token_id = int(token_id)
         data = known[token_id] if 0 <= token_id < len(known) else None
         if data is None:
