@@ -51,7 +51,7 @@ class SequenceState:
         self.finish_reason: str | None = None
         self._decoder = StreamDecoder(tokenizer)
         self._eog = tokenizer.eog_ids
-        self._greedy: bool | None = None  # is_greedy, worked out once
+        self._greedy = sampler.chain == ["greedy"] and logprobs is None  # is_greedy
         self._pending = ""  # decoded text held back because it may start a stop string
         self.text = ""  # everything emitted so far
         self._device: DeviceSampling | None | bool = False  # False: not worked out yet
@@ -63,9 +63,7 @@ class SequenceState:
     @property
     def is_greedy(self) -> bool:
         """True when the pick depends on the argmax alone (a device may pick for us)."""
-        if self._greedy is None:  # (the scheduler asks every step for every sequence)
-            self._greedy = self.sampler.chain == ["greedy"] and self.logprobs is None
-        return self._greedy
+        return self._greedy  # (worked out once: the scheduler asks every step, per sequence)
 
     def ends_with(self, token: int) -> bool:
         """True when taking `token` next certainly ends the sequence: an end-of-generation

@@ -246,9 +246,7 @@ class HipRunner(Runner):
         on_device = False
         if in_am is not None:
             rows = np.fromiter((f for _, f in fed), np.int64, len(fed))
-            on_device = bool(
-                (rows < len(in_am)).all() and (in_am[rows[rows < len(in_am)]] >= 0).all()
-            )
+            on_device = bool((rows < len(in_am)).all() and (in_am[rows] >= 0).all())
         if on_device and sum(sizes) <= ROW_CAP and all(sizes):
             field = [-1] * len(lasts)
             for i, f in fed:
@@ -351,8 +349,7 @@ class HipRunner(Runner):
         starts = np.fromiter((b.start for b in chunk), np.int64, n_seq)
         at = int(lens.sum())
         tokens = np.concatenate([b.tokens for b in chunk]) if chunk else np.zeros(0, np.int32)
-        if at and (tokens.min() < 0 or tokens.max() >= s.n_vocab):
-            raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
+        _check_range(tokens, s.n_vocab, "token id out of range 0..{}")
         need = (starts + lens - 1) // bs + 1
         tables = []
         for b, k in zip(chunk, need.tolist()):
@@ -367,8 +364,7 @@ class HipRunner(Runner):
         if meta.ensure_bt(at_bt):
             self.graphs.clear()
         flat = np.concatenate(tables) if tables else np.zeros(0, np.int32)
-        if at_bt and (flat.min() < 0 or flat.max() >= kv.n_blocks):
-            raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
+        _check_range(flat, kv.n_blocks, "block table names a block outside 0..{}")
         first_row = np.cumsum(lens) - lens
         first_bt = np.cumsum(need) - need
         seq = np.repeat(np.arange(n_seq), lens)  # the piece each row belongs to
@@ -404,8 +400,7 @@ class HipRunner(Runner):
         s, kv, meta = self.spec, self.kv, self.meta
         bs, n_seq = kv.block_size, len(chunk)
         tokens = np.concatenate([b.tokens for b in chunk])
-        if tokens.min() < 0 or tokens.max() >= s.n_vocab:
-            raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
+        _check_range(tokens, s.n_vocab, "token id out of range 0..{}")
         pos = np.fromiter((b.start for b in chunk), np.int64, n_seq)
         need = pos // bs + 1
         tables = [b.block_table for b in chunk]
@@ -418,8 +413,7 @@ class HipRunner(Runner):
         if meta.ensure_bt(at_bt):
             self.graphs.clear()
         flat = np.concatenate([t[:k] for t, k in zip(tables, need.tolist())])
-        if flat.min() < 0 or flat.max() >= kv.n_blocks:
-            raise ForgeRuntimeError(f"block table names a block outside 0..{kv.n_blocks - 1}")
+        _check_range(flat, kv.n_blocks, "block table names a block outside 0..{}")
         btoff = np.cumsum(need) - need
         meta.field("ids")[:n_seq] = tokens
         meta.field("pos")[:n_seq] = pos
@@ -529,15 +523,17 @@ class HipRunner(Runner):
         self.rt.copy_to_host(host, self.ws.am, self.stream)
         self.rt.record(done, self.stream)
 
-        def fetch() -> list[np.ndarray | None]:
+        def read() -> np.ndarray:
             self.rt.wait(done)
-            picked = _check_picked(host.copy())
+            return _check_picked(host.copy())
+
+        def fetch() -> list[np.ndarray | None]:
+            picked = read()
             return [picked[w] if len(w) else None for w in wanted]
 
         def last_ids() -> list[int | None]:
             """Each piece's last wanted id as an int (None: it wants none)."""
-            self.rt.wait(done)
-            picked = _check_picked(host.copy()).tolist()
+            picked = read().tolist()
             return [picked[w[-1]] if len(w) else None for w in wanted]
 
         fetch.in_am, fetch.last_ids = in_am, last_ids
@@ -603,6 +599,12 @@ def _one_rows(n: int) -> tuple[np.ndarray, ...]:
     for a in out:
         a.flags.writeable = False
     return out
+
+
+def _check_range(values: np.ndarray, n: int, message: str) -> None:
+    """Raise `message` (its {} filled with n - 1) unless every value lies in 0 .. n - 1."""
+    if len(values) and (values.min() < 0 or values.max() >= n):
+        raise ForgeRuntimeError(message.format(n - 1))
 
 
 def _check_picked(ids: np.ndarray) -> np.ndarray:
