@@ -88,3 +88,32 @@ def attention(
     scores /= scores.sum(axis=-1, keepdims=True)
     out = np.matmul(scores.reshape(n_kv, group * n, -1), v.transpose(1, 0, 2))
     return out.reshape(n_kv, group, n, -1).transpose(2, 0, 1, 3).reshape(n, n_head, -1)
+
+
+def decode_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    past: np.ndarray,
+    valid: np.ndarray,
+    scale: float,
+) -> np.ndarray:
+    """Attention of one query row per sequence, several sequences in one set of products.
+
+    q [S, H, D]; k_cache [slots, Hkv, D] and v_cache [slots, Hkv, Dv] are the paged caches;
+    past [S, T] holds each sequence's cache slots of the keys its query sees (causal and window
+    limits already applied), padded on the right, and valid [S, T] marks the real ones.
+    Returns [S, H, Dv], what `attention` gives each sequence alone up to float rounding.
+    """
+    n_seq, n_head, d = q.shape
+    n_kv = k_cache.shape[1]
+    group = n_head // n_kv
+    k = np.take(k_cache, past, axis=0).transpose(0, 2, 3, 1)  # [S, Hkv, D, T]
+    v = np.take(v_cache, past, axis=0).transpose(0, 2, 1, 3)  # [S, Hkv, T, Dv]
+    scores = np.matmul(q.reshape(n_seq, n_kv, group, d), k)
+    scores *= np.float32(scale)
+    np.copyto(scores, -np.inf, where=~valid[:, None, None, :])
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return np.matmul(scores, v).reshape(n_seq, n_head, -1)

@@ -34,7 +34,7 @@ class _Linear:
         return np.split(y, self.split, axis=-1) if self.split else y
 
 
-ELEMENTWISE_OPS = ("rms_norm", "rope", "attention", "silu", "gelu_tanh")
+ELEMENTWISE_OPS = ("rms_norm", "rope", "attention", "decode_attention", "silu", "gelu_tanh")
 
 
 class _Ops:
@@ -143,7 +143,7 @@ class CpuRunner(Runner):
             raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
         pos = np.concatenate([np.arange(b.start, b.start + len(b.tokens)) for b in batch])
         bounds = np.cumsum([0] + [len(b.tokens) for b in batch])
-        slots = [self._slots(b, b.start, b.start + len(b.tokens)) for b in batch]
+        slots = np.concatenate([self._slots(b, b.start, b.start + len(b.tokens)) for b in batch])
         past = [self._slots(b, 0, b.start + len(b.tokens)) for b in batch]  # same every layer
         x = embedding_rows(self.gguf.raw("token_embd.weight"), self.embd_info, ids)
         if s.embed_scale != 1.0:
@@ -151,6 +151,7 @@ class CpuRunner(Runner):
         rows = self._output_rows(batch, bounds)
         every_row = [np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
         rope_cache: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        keys_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         last = s.n_layer - 1
         for li, (layer, lspec) in enumerate(zip(self.layers, s.layers)):
             key = (lspec.rope_base, lspec.rope_scale)
@@ -159,7 +160,9 @@ class CpuRunner(Runner):
             # The last layer's attention output and FFN matter only for rows whose logits are
             # wanted (its K/V are still cached for every row).
             queries = rows if li == last else every_row
-            x = self._layer(li, layer, lspec, x, pos, slots, past, queries, rope_cache[key])
+            x = self._layer(
+                li, layer, lspec, x, pos, slots, past, queries, rope_cache[key], keys_cache
+            )
         return self._logits(x, batch, rows)
 
     def _output_rows(self, batch: list[SeqBatch], bounds: np.ndarray) -> list[np.ndarray]:
@@ -174,7 +177,7 @@ class CpuRunner(Runner):
                 rows.append(np.array([], dtype=np.int64))
         return rows
 
-    def _layer(self, li, layer, lspec, x, pos, slots, past, queries, rope_cs):
+    def _layer(self, li, layer, lspec, x, pos, slots, past, queries, rope_cs, keys_cache):
         """One transformer block; returns the new hidden state of the rows in `queries`."""
         s = self.spec
         n = x.shape[0]
@@ -190,19 +193,9 @@ class CpuRunner(Runner):
         self.ops.rope(k, *rope_cs, s.rope_neox)
         kc, vc = self.k_cache[li], self.v_cache[li]
         kept = np.concatenate(queries).astype(np.int64)
-        attn = np.empty((kept.size, s.n_head, s.head_dim_v), np.float32)
-        at = offset = 0
-        for slot in slots:
-            kc[slot] = k[offset : offset + len(slot)]
-            vc[slot] = v[offset : offset + len(slot)]
-            offset += len(slot)
-        for seq_past, sel in zip(past, queries):
-            if sel.size == 0:
-                continue
-            attn[at : at + sel.size] = self.ops.attention(
-                q[sel], kc[seq_past], vc[seq_past], pos[sel], s.attn_scale, lspec.sliding_window
-            )
-            at += sel.size
+        kc[slots] = k
+        vc[slots] = v
+        attn = self._attention(q, kc, vc, pos, past, queries, lspec.sliding_window, keys_cache)
         if kept.size == 0:
             return x[:0]
         x = x[kept] if kept.size != n else x
@@ -216,6 +209,37 @@ class CpuRunner(Runner):
         if s.post_norms:
             d = self.ops.rms_norm(d, layer["post_ffn"], s.rms_eps)
         return x + d
+
+    def _attention(self, q, kc, vc, pos, past, queries, window, keys_cache) -> np.ndarray:
+        """Attention output [query rows, heads, Dv] of every sequence's query rows, in order.
+
+        Sequences with one query row (decode steps, the last layer of a prefill) go through
+        `decode_attention` together: one set of products instead of one per sequence.
+        """
+        s = self.spec
+        sizes = [sel.size for sel in queries]
+        starts = np.cumsum([0] + sizes)
+        attn = np.empty((starts[-1], s.n_head, s.head_dim_v), np.float32)
+        singles = [i for i, n in enumerate(sizes) if n == 1]
+        if len(singles) < 2:
+            singles = []
+        if singles:
+            key = (window, tuple(singles))
+            if key not in keys_cache:
+                keys_cache[key] = _padded_keys(past, queries, pos, singles, window)
+            past_slots, valid = keys_cache[key]
+            rows = np.array([queries[i][0] for i in singles])
+            attn[starts[singles]] = self.ops.decode_attention(
+                q[rows], kc, vc, past_slots, valid, s.attn_scale
+            )
+        single = set(singles)
+        for i, (seq_past, sel) in enumerate(zip(past, queries)):
+            if sel.size == 0 or i in single:
+                continue
+            attn[starts[i] : starts[i + 1]] = self.ops.attention(
+                q[sel], kc[seq_past], vc[seq_past], pos[sel], s.attn_scale, window
+            )
+        return attn
 
     def _logits(self, x, batch, rows) -> list[np.ndarray | None]:
         """Logits of the output rows; `x` holds exactly those rows, in order."""
@@ -232,6 +256,23 @@ class CpuRunner(Runner):
         weights = sum(_nbytes(layer) for layer in self.layers) + _nbytes(self.output)
         kv = sum(a.nbytes for a in self.k_cache + self.v_cache)
         return {"weights": weights, "kv_cache": kv}
+
+
+def _padded_keys(past, queries, pos, seqs, window):
+    """Cache slots [len(seqs), T] of the keys each listed sequence's single query sees (causal
+    and sliding-window limits applied), padded on the right with slot 0, and their mask."""
+    spans = []
+    for i in seqs:
+        p = int(pos[queries[i][0]])
+        lo = 0 if window is None else max(0, p - window + 1)
+        spans.append(past[i][lo : p + 1])
+    width = max(len(span) for span in spans)
+    slots = np.zeros((len(spans), width), np.int64)
+    valid = np.zeros((len(spans), width), bool)
+    for r, span in enumerate(spans):
+        slots[r, : len(span)] = span
+        valid[r, : len(span)] = True
+    return slots, valid
 
 
 class _Stacked:
