@@ -15,6 +15,7 @@ from forge_cpu_simd.matmul import MAX_CHUNKED_ROWS, product
         (1, 1000, 640),  # GEMV
         (3, 1031, 640),  # chunked: 1031 * 640 * 4 bytes > 1 MiB, odd row count
         (8, 1000, 640),  # chunked: 15 stacked chunks of 64 rows and a rest of 40
+        (8, 1000, 2048),  # chunked: 61 rows fit the limit, chunks of 32
         (MAX_CHUNKED_ROWS, 600, 640),  # chunked, largest row count
         (MAX_CHUNKED_ROWS, 5, 70_000),  # chunked, rows * k beyond the small-kernel limit
         (MAX_CHUNKED_ROWS + 1, 300, 640),  # one sgemm

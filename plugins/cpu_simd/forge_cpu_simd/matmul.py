@@ -55,9 +55,10 @@ class DenseMatmul:
 # 262144x640 head: 8 rows in one sgemm 67 ms, in chunks under this size on two threads 36 ms
 # (one row, sgemv: 23 ms).
 SMALL_GEMM_MNK = 1_000_000
-# Weight rows per small-kernel call. 2-core AVX-512 Xeon, 8 rows, two threads, with the argmax
-# of the result: head 262144x640 37.0 ms at 32 or 64 (43.9 ms for 195-row chunks of the
-# transposed product), gate/up 4096x640 0.40 vs 0.46 ms, down 640x2048 0.28-0.30 vs 0.35 ms.
+# Weight rows per small-kernel call: the largest power of two within both limits. 2-core AVX-512
+# Xeon, 8 rows, two threads, with the argmax of the result: head 262144x640 37.0 ms at 32 or 64
+# (43.9 ms for 195-row chunks of the transposed product), gate/up 4096x640 0.40 vs 0.46 ms, down
+# 640x2048 0.28-0.29 ms in 32-row chunks vs 0.30 in 61-row ones and a 30-row rest on one thread.
 MAX_CHUNK = 64
 CHUNKED_MIN_BYTES = 1 << 20  # below this, handing work to another thread costs more than it saves
 MAX_CHUNKED_ROWS = 16
@@ -74,7 +75,8 @@ def product(W: np.ndarray, x: np.ndarray) -> np.ndarray:
     if rows == 1:
         return (W @ x[0])[None, :]
     if rows <= MAX_CHUNKED_ROWS and W.nbytes >= CHUNKED_MIN_BYTES:
-        chunk = max(1, min(MAX_CHUNK, SMALL_GEMM_MNK // (rows * k)))
+        most = min(MAX_CHUNK, SMALL_GEMM_MNK // (rows * k))
+        chunk = 1 << max(0, most.bit_length() - 1)  # a power of two divides model widths
         return _chunked_product(W, np.ascontiguousarray(x), chunk)
     return (W @ x.T).T
 
