@@ -3,6 +3,8 @@ workers keep serving), and concurrent callers each get their whole result."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import numpy as np
@@ -59,3 +61,17 @@ def test_concurrent_callers_each_get_their_whole_result():
     for t in pool:
         t.join()
     assert all((results[i] == 50).all() for i in range(4))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_starts_its_own_workers(monkeypatch):
+    monkeypatch.undo()  # the real workers, as a process that forks has them
+    threads.run_split(100, lambda lo, hi: None)  # the parent's workers exist now
+    pid = os.fork()
+    if pid == 0:  # child: a hand-over to the parent's (absent) threads would hang
+        signal.alarm(20)
+        out = np.zeros(100)
+        threads.run_split(100, lambda lo, hi: out.__setitem__(slice(lo, hi), 1))
+        os._exit(0 if out.sum() == 100 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -63,6 +63,17 @@ def _workers() -> list[_Worker]:
 _busy = threading.Lock()  # one split at a time uses the workers; others run on their caller
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: start its own workers when needed."""
+    global _busy
+    _workers.cache_clear()
+    _busy = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def run_split(n: int, fn: Callable[[int, int], None]) -> None:
     """Call fn(lo, hi) on contiguous ranges covering 0..n, one per worker, in parallel."""
     step = max(1, -(-n // workers()))
