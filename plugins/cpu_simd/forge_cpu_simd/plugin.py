@@ -15,9 +15,9 @@ from forge.gguf.types import SUPPORTED_TYPES
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
 
-OPS = frozenset(
-    {"embed", "matmul", "rms_norm", "rope", "attention", "decode_attention", "silu", "gelu_tanh"}
-)
+# The non-matmul ops the runner looks up in the kernel table (ops.py has the built-in ones).
+ELEMENTWISE_OPS = ("rms_norm", "rope", "attention", "decode_attention", "silu", "gelu_tanh")
+OPS = frozenset({"embed", "matmul", *ELEMENTWISE_OPS})
 
 # Best first: the first level NumPy reports decides the arch suffix ("x86_64-avx512").
 _SIMD_LEVELS = (
@@ -131,5 +131,5 @@ def forge_register_kernels(register) -> None:  # noqa: ANN001
     dense = DenseMatmul()
     for weight_type in SUPPORTED_TYPES:
         register("cpu_simd", "matmul", weight_type, dense)
-    for op in ("rms_norm", "rope", "attention", "decode_attention", "silu", "gelu_tanh"):
+    for op in ELEMENTWISE_OPS:
         register("cpu_simd", op, "*", getattr(ops, op))

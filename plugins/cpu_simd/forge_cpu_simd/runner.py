@@ -17,6 +17,7 @@ from forge.kernels import KernelTable
 from forge.models.spec import ModelSpec
 from forge_cpu_simd import ops
 from forge_cpu_simd.matmul import embedding_rows
+from forge_cpu_simd.plugin import ELEMENTWISE_OPS
 
 BACKEND = "cpu_simd"
 
@@ -32,9 +33,6 @@ class _Linear:
         if self.bias is not None:
             y += self.bias
         return np.split(y, self.split, axis=-1) if self.split else y
-
-
-ELEMENTWISE_OPS = ("rms_norm", "rope", "attention", "decode_attention", "silu", "gelu_tanh")
 
 
 class _Ops:
