@@ -149,7 +149,7 @@ class CpuRunner(Runner):
         rows = self._output_rows(batch, bounds)
         every_row = [np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
         rope_cache: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
-        keys_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        keys_cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         last = s.n_layer - 1
         for li, (layer, lspec) in enumerate(zip(self.layers, s.layers)):
             key = (lspec.rope_base, lspec.rope_scale)
@@ -225,8 +225,7 @@ class CpuRunner(Runner):
             key = (window, tuple(singles))
             if key not in keys_cache:
                 keys_cache[key] = _padded_keys(past, queries, pos, singles, window)
-            past_slots, valid = keys_cache[key]
-            rows = np.array([queries[i][0] for i in singles])
+            rows, past_slots, valid = keys_cache[key]
             attn[starts[singles]] = self.ops.decode_attention(
                 q[rows], kc, vc, past_slots, valid, s.attn_scale
             )
@@ -257,11 +256,12 @@ class CpuRunner(Runner):
 
 
 def _padded_keys(past, queries, pos, seqs, window):
-    """Cache slots [len(seqs), T] of the keys each listed sequence's single query sees (causal
-    and sliding-window limits applied), padded on the right with slot 0, and their mask."""
+    """For the listed sequences' single query rows: those rows' indices, the cache slots
+    [len(seqs), T] of the keys each sees (causal and sliding-window limits applied), padded on
+    the right with slot 0, and their mask."""
+    rows = np.array([queries[i][0] for i in seqs])
     spans = []
-    for i in seqs:
-        p = int(pos[queries[i][0]])
+    for i, p in zip(seqs, pos[rows].tolist()):
         lo = 0 if window is None else max(0, p - window + 1)
         spans.append(past[i][lo : p + 1])
     width = max(len(span) for span in spans)
@@ -270,7 +270,7 @@ def _padded_keys(past, queries, pos, seqs, window):
     for r, span in enumerate(spans):
         slots[r, : len(span)] = span
         valid[r, : len(span)] = True
-    return slots, valid
+    return rows, slots, valid
 
 
 class _Stacked:
