@@ -458,10 +458,25 @@ def test_long_matrices_give_each_lane_a_whole_step_of_units():
     assert mvq_lanes(["Q8_0"], 640, 1, 2048) == 16  # same rows, few of them
     assert mvq_lanes(["Q8_0"], 640, 2, MVQ_LONG_N) == 16  # two-row steps keep 16
     assert mvq_lanes(["Q8_0"], 1024, 1, MVQ_LONG_N) == 16  # 64 units: 4 per lane already
-    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 16  # llama-8B head: 256 units, long
+    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 16  # llama-8B head: 128 units, long
     assert mvq_lanes(["Q6_K"], 4096, 1, 4096) == 32  # the same rows, few of them
     assert mvq_lanes(["Q6_K"], 4096, 2, 128256) == 32  # more than one row
     assert mvq_lanes(["Q5_0", "Q5_0", "Q8_0"], 640, 1, 1024) == 16
+
+
+def test_long_gated_rows_take_fewer_lanes_where_they_fill_the_gpu():
+    """One-row gated products with rows of 64 units or more take MVQ_PAIR_LANES when that still
+    leaves MVQ_PAIR_FILL blocks per compute unit; everything else keeps the general rule."""
+    from forge_hip.plan import MVQ_PAIR_LANES, mvq_lanes
+
+    assert MVQ_PAIR_LANES == 8
+    gate_up = (["Q4_K", "Q4_K"], 4096)  # llama-8B: 128 units per row, 14336 rows
+    assert mvq_lanes(*gate_up, 1, 14336, True, 132) == 8  # 448 blocks of 32 rows: 3.4 per SM
+    assert mvq_lanes(*gate_up, 1, 14336, True, 160) == 32  # too few blocks for 160 SMs
+    assert mvq_lanes(*gate_up, 1, 14336, False, 132) == 32  # not gated
+    assert mvq_lanes(*gate_up, 2, 14336, True, 132) == 32  # two rows
+    assert mvq_lanes(*gate_up, 1, 14336, True) == 32  # compute units unknown
+    assert mvq_lanes(["Q5_0", "Q5_0"], 640, 1, 2048, True, 132) == 16  # gemma3: 40 units
 
 
 def _arena_rows(type_name: str, n: int, k: int, seed: int):

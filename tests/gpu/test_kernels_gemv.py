@@ -282,13 +282,21 @@ def _act(a: np.ndarray, act: int) -> np.ndarray:
     return a / (1.0 + np.exp(-a))
 
 
-def check_gated(rt, lib, dev, types, act, R):
+def check_gated(rt, lib, dev, types, act, R, K=None, lanes=None):
     """act(x W_gate^T) * (x W_up^T) of 53-row matrices (bias with GELU) against float64."""
     rng = np.random.default_rng()
-    case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
-    launch_mvq(rt, lib, dev, case, act=act, grid=4)
+    case = MvqCase(dev, rng, types, R, K or mvq_k(types), [53, 53], bias=act == 1)
+    launch_mvq(rt, lib, dev, case, act=act, grid=4, lanes=lanes)
     ref = _act(case.ref(0), act) * case.ref(1)
     assert rel_err(case.out(0), ref) < 1e-5
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0")], ids="-".join)
+def test_mvq_gated_long_rows_few_lanes(rt, lib, dev, types, lanes):
+    """One-row gated products with rows of 4096 (the llama-8B's gate/up, which the plan gives 8
+    lanes, forge_hip.plan.MVQ_PAIR_LANES): each lane runs many units of both rows in turn."""
+    check_gated(rt, lib, dev, types, 0, 1, K=4096, lanes=lanes)
 
 
 @pytest.mark.parametrize("R", [1, 4, 7])
