@@ -103,6 +103,7 @@ ROWS_CASES = [
     (8, 2, 128, 96, [130, 129, 128, 127], 0, 3, True),  # D != Dv, split boundaries
     (2, 1, 512, 512, [600], 0, 4, False),  # the largest head, f32 cache
     (6, 3, 80, 80, [200, 17], 0, 16, True),  # a head size no power of two
+    (4, 1, 256, 256, [1000], 0, 16, True),  # few (head, row) blocks: 16 short splits merged
 ]
 
 
