@@ -458,7 +458,7 @@ def test_long_matrices_give_each_lane_a_whole_step_of_units():
     assert mvq_lanes(["Q8_0"], 640, 1, 2048) == 16  # same rows, few of them
     assert mvq_lanes(["Q8_0"], 640, 2, MVQ_LONG_N) == 16  # two-row steps keep 16
     assert mvq_lanes(["Q8_0"], 1024, 1, MVQ_LONG_N) == 16  # 64 units: 4 per lane already
-    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 16  # llama-8B head: 128 units, long
+    assert mvq_lanes(["Q6_K"], 4096, 1, 128256) == 16  # llama-8B head: 256 units, long
     assert mvq_lanes(["Q6_K"], 4096, 1, 4096) == 32  # the same rows, few of them
     assert mvq_lanes(["Q6_K"], 4096, 2, 128256) == 32  # more than one row
     assert mvq_lanes(["Q5_0", "Q5_0", "Q8_0"], 640, 1, 1024) == 16
