@@ -151,7 +151,7 @@ class Bench:
                 suffix, rm = mvq_variant(types, R)
                 if cfg.get("rm"):
                     suffix, rm = f"r{cfg['rm']}", cfg["rm"]
-                g = cfg.get("G") or mvq_lanes(types, K, R, max(ns))
+                g = cfg.get("G") or mvq_lanes(types, K, R, max(ns), glu, self.sms)
                 nt = cfg.get("threads", MVQ_THREADS)
                 rb = nt // g
                 items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))

@@ -195,7 +195,8 @@ def launch_mvq(
     block_rows = min(R, rm) if chunks > 1 else R
     need = mvq_need(types)
     ns = [w.shape[0] for w in case.W]
-    g = lanes or mvq_lanes(types, K, block_rows, max(ns))
+    cus = rt.props.compute_units
+    g = lanes or mvq_lanes(types, K, block_rows, max(ns), act is not None, cus)
     rb = MVQ_THREADS // g
     items = sum(-(-n // rb) for n in (ns[:1] if act is not None else ns))
     xq = 0

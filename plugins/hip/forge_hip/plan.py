@@ -257,7 +257,7 @@ def mvq_lanes(
     units = min(k // MVQ_UNIT[t] for t in types)
     if units >= 128 and rows == 1 and n >= MVQ_LONG_N:
         return 16
-    pair_rows = MVQ_THREADS // max(MVQ_PAIR_LANES, 1)  # rows per block at MVQ_PAIR_LANES
+    pair_rows = MVQ_THREADS // MVQ_PAIR_LANES  # rows per block at MVQ_PAIR_LANES
     if pair and rows == 1 and units >= 64 and n >= MVQ_PAIR_FILL * cus * pair_rows > 0:
         return MVQ_PAIR_LANES
     if units >= 128 or (rows > MV_MAX_ROWS and units >= 32 and units % 32 == 0):
@@ -468,13 +468,12 @@ class Plan:
             c = -(-rows // rm)
         block_rows = min(rows, rm) if c > 1 else rows
         need = mvq_need(types)
-        g = self.mvq_lanes or mvq_lanes(
-            types, k, block_rows, max(p.n for p in mats), act is not None,
-            self.lib.runtime.props.compute_units,
-        )  # fmt: skip
+        cus = self.lib.runtime.props.compute_units
+        n = max(p.n for p in mats)
+        g = self.mvq_lanes or mvq_lanes(types, k, block_rows, n, act is not None, cus)
         rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
-        most = max(1, self.mvq_blocks * self.lib.runtime.props.compute_units // c)
+        most = max(1, self.mvq_blocks * cus // c)
         grid = even_grid(items, most)
         xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
         flags = self.mvq_flags if l2_prefetch_pays(mats) else self.mvq_flags & ~1
