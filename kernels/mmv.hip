@@ -57,6 +57,67 @@ FORGE_DEV int mvq_store8(i8* dst, const float* v, float inv, bool clamp, bool st
     return s;
 }
 
+// Round one lane's 8 values of x row r, elements k .. k + 7 (`in`: inside the row; lanes
+// outside still take part in the shuffles), into base + off1 (need bit 0) and base + off2 (need
+// bit 1) for R rows of K.
+FORGE_DEV void mvq_quant8(float* v, int r, int k, bool in, int K, int R, int need, u8* base,
+                          int off1, int off2) {
+    const int lane = threadIdx.x & 31;
+    // the first element of largest magnitude (llama.cpp's Q8_K peak), and the amax
+    float am = 0.0f, pk = 0.0f;
+    int idx = k;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        if (fabsf(v[e]) > am) {
+            am = fabsf(v[e]);
+            pk = v[e];
+            idx = k + e;
+        }
+    }
+    const i64 at = (i64)r * K + k, blk = (i64)r * (K / 32) + k / 32;
+    if (need & 1) {  // Q8_0 rounding: d = amax / 127 stored as f16
+        float bm = fmaxf(am, shfl_xor(am, 1));
+        bm = fmaxf(bm, shfl_xor(bm, 2));
+        const float d = bm / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        int s = mvq_store8((i8*)(base + off1) + at, v, inv, false, in);
+        s += shfl_xor_int(s, 1);
+        s += shfl_xor_int(s, 2);
+        if (in && (lane & 3) == 0) {
+            F2 ds;
+            ds.x = h2f(f2h(d));
+            ds.y = (float)s;
+            ((F2*)(base + off1 + R * K))[blk] = ds;
+        }
+    }
+    if (need & 2) {  // Q8_K rounding: scale -peak / 127 over 256 elements (K % 256 == 0)
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            const float am2 = shfl_xor(am, m), pk2 = shfl_xor(pk, m);
+            const int idx2 = shfl_xor_int(idx, m);
+            if (am2 > am || (am2 == am && idx2 < idx)) {
+                am = am2;
+                pk = pk2;
+                idx = idx2;
+            }
+        }
+        const float is = pk != 0.0f ? -127.0f / pk : 0.0f, d = is != 0.0f ? 1.0f / is : 0.0f;
+        int s = mvq_store8((i8*)(base + off2) + at, v, is, true, in);
+        s += shfl_xor_int(s, 1);
+        s += shfl_xor_int(s, 2);
+        if (in && (lane & 3) == 0) {
+            F2 ds;
+            ds.x = d;
+            ds.y = (float)s;
+            ((F2*)(base + off2 + R * K))[blk] = ds;
+        }
+    }
+}
+
+FORGE_DEV void mvq_load8(const float* p, float* v) {
+    const F4 a = *(const F4*)p, b = *(const F4*)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // Quantize rows of x [R, K] into base + off1 (need bit 0) and base + off2 (need bit 1). Tasks of
 // 256 elements, one per 32-lane group (8 consecutive elements per lane): task0 + group, in steps.
 FORGE_DEV void mvq_quantize(const float* x, int K, int R, int need, u8* base, int off1, int off2,
@@ -67,61 +128,12 @@ FORGE_DEV void mvq_quantize(const float* x, int K, int R, int need, u8* base, in
         const bool in = k < K;  // K % 32 == 0: a 32-block is wholly in or out
         float v[8];
         if (in) {
-            const F4 a = *(const F4*)(x + (i64)r * K + k), b = *(const F4*)(x + (i64)r * K + k + 4);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z;
-            v[7] = b.w;
+            mvq_load8(x + (i64)r * K + k, v);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = 0.0f;
         }
-        // the first element of largest magnitude (llama.cpp's Q8_K peak), and the amax
-        float am = 0.0f, pk = 0.0f;
-        int idx = k;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            if (fabsf(v[e]) > am) {
-                am = fabsf(v[e]);
-                pk = v[e];
-                idx = k + e;
-            }
-        }
-        const i64 at = (i64)r * K + k, blk = (i64)r * (K / 32) + k / 32;
-        if (need & 1) {  // Q8_0 rounding: d = amax / 127 stored as f16
-            float bm = fmaxf(am, shfl_xor(am, 1));
-            bm = fmaxf(bm, shfl_xor(bm, 2));
-            const float d = bm / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-            int s = mvq_store8((i8*)(base + off1) + at, v, inv, false, in);
-            s += shfl_xor_int(s, 1);
-            s += shfl_xor_int(s, 2);
-            if (in && (lane & 3) == 0) {
-                F2 ds;
-                ds.x = h2f(f2h(d));
-                ds.y = (float)s;
-                ((F2*)(base + off1 + R * K))[blk] = ds;
-            }
-        }
-        if (need & 2) {  // Q8_K rounding: scale -peak / 127 over 256 elements (K % 256 == 0)
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1) {
-                const float am2 = shfl_xor(am, m), pk2 = shfl_xor(pk, m);
-                const int idx2 = shfl_xor_int(idx, m);
-                if (am2 > am || (am2 == am && idx2 < idx)) {
-                    am = am2;
-                    pk = pk2;
-                    idx = idx2;
-                }
-            }
-            const float is = pk != 0.0f ? -127.0f / pk : 0.0f, d = is != 0.0f ? 1.0f / is : 0.0f;
-            int s = mvq_store8((i8*)(base + off2) + at, v, is, true, in);
-            s += shfl_xor_int(s, 1);
-            s += shfl_xor_int(s, 2);
-            if (in && (lane & 3) == 0) {
-                F2 ds;
-                ds.x = d;
-                ds.y = (float)s;
-                ((F2*)(base + off2 + R * K))[blk] = ds;
-            }
-        }
+        mvq_quant8(v, r, k, in, K, R, need, base, off1, off2);
     }
 }
 
@@ -499,6 +511,95 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
     const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
     mvq_body<1, false, false, true>(descs, first, 2, R, G, x, K, need, items, xg, flags, act,
                                     &nm);
+}
+
+// One row's add_norm for a one-row product reading x quantized (xg): x += post(o) in place (when
+// o: add_norm.h's an_resid, with rmsnorm(o) when w_post), then h = rmsnorm(x) * w_next rounded
+// into xg in mvq_quant's layout (need bits), and stored into h when given. The product then
+// starts on x at once, where quantizing it in each of its blocks cost them ~2.4 us (H200,
+// llama-8B twin). Lanes hold mvq_quant's tasks of 256 elements, two per 32-lane group: block =
+// 32 * ceil(K / 512) threads, K <= ANQ_K (K % 32 == 0). The sums of squares run per lane,
+// then over the block: other orders than add_norm's, so h may differ from it in the last bits.
+#define ANQ_TASKS 2
+#define ANQ_K (ANQ_TASKS * 256 * 16)
+FORGE_KERNEL void __launch_bounds__(512, 1)
+    add_norm_quant(float* __restrict__ x, const float* __restrict__ o,
+                 const float* __restrict__ w_post, const float* __restrict__ w_next,
+                 float* __restrict__ h, u8* __restrict__ xg, int K, int need, float eps) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x & 31, grp = threadIdx.x >> 5, groups = blockDim.x >> 5;
+    float v[ANQ_TASKS][8], ov[ANQ_TASKS][8], wp[ANQ_TASKS][8];
+    float wn[ANQ_TASKS][8];
+#pragma unroll
+    for (int t = 0; t < ANQ_TASKS; ++t) {  // the weights, which no kernel writes
+        const int k = 256 * (grp + t * groups) + 8 * lane;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[t][e] = ov[t][e] = wp[t][e] = wn[t][e] = 0.0f;
+        if (k < K) {
+            mvq_load8(w_next + k, wn[t]);
+            if (w_post) mvq_load8(w_post + k, wp[t]);
+        }
+    }
+    FORGE_GRID_WAIT();
+#pragma unroll
+    for (int t = 0; t < ANQ_TASKS; ++t) {
+        const int k = 256 * (grp + t * groups) + 8 * lane;
+        if (k < K) {
+            mvq_load8(x + k, v[t]);
+            if (o) mvq_load8(o + k, ov[t]);
+        }
+    }
+    if (o) {
+        float inv_o = 1.0f;
+        if (w_post) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int t = 0; t < ANQ_TASKS; ++t) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) ss = an_sq(ss, ov[t][e]);
+            }
+            inv_o = an_inv(block_sum(ss, scratch), K, eps);
+        }
+#pragma unroll
+        for (int t = 0; t < ANQ_TASKS; ++t) {
+            const int k = 256 * (grp + t * groups) + 8 * lane;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                v[t][e] = an_resid(v[t][e], ov[t][e], inv_o, wp[t][e], w_post != nullptr);
+            }
+            if (k < K) {
+                F4 a, b;
+                a.x = v[t][0], a.y = v[t][1], a.z = v[t][2], a.w = v[t][3];
+                b.x = v[t][4], b.y = v[t][5], b.z = v[t][6], b.w = v[t][7];
+                *(F4*)(x + k) = a;
+                *(F4*)(x + k + 4) = b;
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int t = 0; t < ANQ_TASKS; ++t) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss = an_sq(ss, v[t][e]);
+    }
+    const float inv = an_inv(block_sum(ss, scratch), K, eps);
+    const int off2 = (need & 1) ? K + K / 4 : 0;
+#pragma unroll
+    for (int t = 0; t < ANQ_TASKS; ++t) {
+        const int task = grp + t * groups, k = 256 * task + 8 * lane;
+        if (256 * task < K) {  // the group's task (uniform over its lanes)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[t][e] = an_out(v[t][e], inv, wn[t][e]);
+            if (h && k < K) {
+                F4 a, b;
+                a.x = v[t][0], a.y = v[t][1], a.z = v[t][2], a.w = v[t][3];
+                b.x = v[t][4], b.y = v[t][5], b.z = v[t][6], b.w = v[t][7];
+                *(F4*)(h + k) = a;
+                *(F4*)(h + k + 4) = b;
+            }
+            mvq_quant8(v[t], 0, k, k < K, K, 1, need, xg, 0, off2);
+        }
+    }
 }
 
 // x [R, K] quantized into xg in mvq_body's layout (for products whose copy does not fit in shared

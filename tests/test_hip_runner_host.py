@@ -322,6 +322,7 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
     runner.allocate_kv(32, 16)
     n_layer, table = runner.spec.n_layer, np.arange(3, dtype=np.int32)
     counts = {}
+    runner.plan.quant_norm = False  # (the other way to drop the launches: the next test)
     for fuse, rows in ((True, 1), (False, 1), (True, 2)):
         runner.plan.fuse_norm = fuse
         runner.graphs.clear()
@@ -340,6 +341,61 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
         fused = [a for n, a in rt.launch_args if "_r1n" in n]
         assert len(fused) == 2 * n_layer
         assert all(a[-6] != a[-2] and {a[-6], a[-2]} == {ws.x, ws.x2} for a in fused)
+    runner.close()
+
+
+@pytest.mark.parametrize("name", ["qwen2-q4_k.gguf", "llama-q4_0.gguf", "gemma3-q4_k_m.gguf"])
+def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
+    """Where the products cannot fold add_norm (fuse_norm off here; rows over MVQ_NORM_K in
+    practice), a batch-1 step's add_norms run as add_norm_quant, which also rounds the next
+    product's x into ws.xq: the q/k/v, gate/up and head products then read it there (xg) and
+    quantize nothing themselves, and the residual stays in ws.x. A gathered head gets its plain
+    add_norm back; quant_norm off keeps the add_norm launches."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, name, rt)
+    runner.allocate_kv(32, 16)
+    runner.plan.fuse_norm = False
+    plan, ws, n_layer = runner.plan, runner.ws, runner.spec.n_layer
+    table = np.arange(3, dtype=np.int32)
+    runner.forward_argmax([SeqBatch(np.array([5], np.int32), 3, table)])
+    calls = [(n, a) for n, a in rt.launch_args]
+    names = [n for n, _ in calls]
+    assert names.count("add_norm") == 0 and names.count("add_norm_quant") == 2 * n_layer + 1
+    for i, (n, a) in enumerate(calls):
+        if n == "add_norm_quant":
+            x, o, w_post, w_next, h, xg, k, need, _ = a
+            assert (x, h, xg, k) == (ws.x, 0, ws.xq, runner.spec.n_embd)
+            assert o in (0, ws.o) and (w_post == 0) == (o == 0 or not runner.spec.post_norms)
+            nxt, args = calls[i + 1]  # the product reading it: xg given, the same copies of x
+            assert nxt in ("mvq_multi_r1", "mvq_glu_r1")
+            at = 0 if nxt == "mvq_multi_r1" else -1  # (the gated kernel has no count)
+            assert (args[at + 7], args[at + 9]) == (need, ws.xq)
+    w_next = [a[3] for n, a in calls if n == "add_norm_quant"]
+    layers = plan.layers
+    assert w_next == [
+        layers[0]["attn_norm"],
+        *[
+            w
+            for i, lay in enumerate(layers)
+            for w in (
+                lay["ffn_norm"],
+                layers[i + 1]["attn_norm"] if i + 1 < n_layer else plan.output_norm,
+            )
+        ],
+    ]
+    rt.launches.clear()
+    runner.use_graphs = False  # a pass, its head row gathered: the head's add_norm is launched
+    runner.forward_argmax([SeqBatch(np.array([6], np.int32), 4, table)])
+    names = [n for n, _, _ in rt.launches]
+    at = names.index("gather_rows")
+    assert names.count("add_norm") == 1 and names[at - 1] == "add_norm"
+    assert names.count("add_norm_quant") == 2 * n_layer
+    rt.launches.clear()
+    runner.use_graphs, plan.quant_norm = True, False
+    runner.graphs.clear()
+    runner.forward_argmax([SeqBatch(np.array([7], np.int32), 5, table)])
+    names = [n for n, _, _ in rt.launches]
+    assert names.count("add_norm") == 2 * n_layer + 1 and "add_norm_quant" not in names
     runner.close()
 
 

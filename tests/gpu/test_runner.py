@@ -342,6 +342,23 @@ def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_di
         model.runner.close()
 
 
+def _one_row_steps(runner, setting: str) -> tuple[dict, int]:
+    """Logits of four batch-1 decode steps (graph-replayed, after a 9-token prompt) with the
+    plan's `setting` on and off, and the kernels of a step with it on."""
+    rng = np.random.default_rng()
+    ids = rng.integers(1, runner.spec.n_vocab, size=13).astype(np.int32)
+    table = np.arange(8, dtype=np.int32)[::-1].copy()
+    logits, launched = {}, 0
+    for on in (True, False):
+        setattr(runner.plan, setting, on)
+        runner.graphs.clear()
+        runner.forward([SeqBatch(ids[:9], 0, table, "none")])
+        logits[on] = np.stack([runner.forward([SeqBatch(ids[p : p + 1], p, table)])[0][0]
+                               for p in range(9, 13)])  # fmt: skip
+        launched = launched if not on else runner.graphs.kernels[1]
+    return logits, launched
+
+
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "qwen3-q4_k_m.gguf"])
 def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, name):
     """Batch-1 decode steps whose add_norms run inside the products (mvq_*_r1n, the residual
@@ -349,22 +366,41 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
     launches (both compute add_norm.h's arithmetic in one warp)."""
     runner = _runner(rt, golden_dir, name)
     runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
+    runner.plan.quant_norm = False  # (fuse_norm off would quantize x in add_norm)
     try:
-        rng = np.random.default_rng()
-        ids = rng.integers(1, runner.spec.n_vocab, size=13).astype(np.int32)
-        table = np.arange(8, dtype=np.int32)[::-1].copy()
-        logits, launched = {}, 0
-        for fuse in (True, False):
-            runner.plan.fuse_norm = fuse
-            runner.graphs.clear()
-            runner.forward([SeqBatch(ids[:9], 0, table, "none")])
-            logits[fuse] = np.stack([runner.forward([SeqBatch(ids[p : p + 1], p, table)])[0][0]
-                                     for p in range(9, 13)])  # fmt: skip
-            launched = launched if not fuse else runner.graphs.kernels[1]
+        logits, launched = _one_row_steps(runner, "fuse_norm")
         np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
         print(f"{name}: {launched} kernels per fused step")
         # feed_ids, embedding, the first add_norm (stays a launch), 5 per layer, head, sampling
         assert launched == 5 * runner.spec.n_layer + 5
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen2-q4_k.gguf", "qwen3-q4_k_m.gguf", "llama-q8_0.gguf", "gemma3-q4_k_m.gguf"]
+)
+def test_one_row_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, name):
+    """Batch-1 decode steps whose add_norms run as add_norm_quant, rounding the next product's x
+    into ws.xq (fuse_norm off so that these small models take that path; gemma3's post-norms
+    included), give the logits of the same steps with add_norm launches and x quantized in
+    the products' blocks, up to the order of the sums of squares: h's scale may differ in its
+    last bits, and an int8 rounding of x may then move by one step."""
+    runner = _runner(rt, golden_dir, name)
+    runner.plan.round_prefill = True
+    runner.plan.fuse_norm = False
+    try:
+        logits, launched = _one_row_steps(runner, "quant_norm")
+        a, b = logits[True], logits[False]
+        err = np.abs(a - b).max() / b.std()
+        print(f"{name}: {launched} kernels per step, max |diff| / std {err:.2e}")
+        assert err <= 2e-2
+        top2 = np.sort(b, -1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(a - b).max()  # not a near-tie
+        assert (a.argmax(-1) == b.argmax(-1))[clear].all()
+        # feed_ids, embedding, 5 per layer + 2 add_norm_quant, head + its add_norm_quant,
+        # sampling (these small models' down products quantize x in their blocks)
+        assert launched == 7 * runner.spec.n_layer + 5
     finally:
         runner.close()
 

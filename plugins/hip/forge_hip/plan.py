@@ -13,6 +13,8 @@ fused descriptor launches for the matrices of that type (see `forge_hip.library.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from forge.kernels import KernelTable
@@ -72,6 +74,7 @@ MVQ_MAX_WORK = 128 << 20
 # mmv.hip's kernel rows (RM): a product takes the smallest that holds its rows.
 MVQ_RM = (1, 2, 4, 8, 16, 32)
 MVQ_NORM_K = 1024  # mmv.hip's MVQ_NORM_K: longest row the *_r1n kernels norm themselves
+ANQ_K = 8192  # mmv.hip's ANQ_K: longest row add_norm_quant takes (512 threads)
 MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
@@ -271,6 +274,17 @@ def mvq_lanes(
     return g
 
 
+@dataclass
+class Fused:
+    """The add_norm making a one-row product's x, left to that product's launch (mmv.hip):
+    suffix "n", computed by the product's kernel (args: MvqNorm's xin, o, w_post, w_next, xout,
+    eps); "q", launched just before it as add_norm_quant, which also quantizes x into ws.xq for
+    it (args: x, o, w_post, w_next, eps)."""
+
+    suffix: str
+    args: list
+
+
 class Plan:
     """Resolves the kernels of a model and enqueues the launches of a forward pass."""
 
@@ -295,11 +309,14 @@ class Plan:
         self.mvq_split = MVQ_SPLIT
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
         self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
+        # ... or, where they cannot (rows over MVQ_NORM_K), add_norm quantizes their x for them
+        # (add_norm_quant): see norm_quantizable
+        self.quant_norm = True
         self.mmq = True  # products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
         self.mmq_prefetch = MMQ_PREFETCH  # mmq.hip's pf (launches up to MVQ_PREFETCH_BYTES)
         self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
         self.att_rows_max = ATT_ROWS_MAX  # prefill passes up to this many rows: attn_rows
-        self._head_norm: list | None = None  # the last add_norm, left to output()
+        self._head_norm: Fused | None = None  # the last add_norm, left to output()
         w = arena.placed
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
@@ -359,10 +376,10 @@ class Plan:
         return first
 
     # -- matrix products --------------------------------------------------------------------------
-    def matmul(self, first: int, count: int, rows: int, norm: list | None = None) -> None:
+    def matmul(self, first: int, count: int, rows: int, norm: Fused | None = None) -> None:
         """Products of descriptors first .. first + count - 1 over `rows` rows of their x; with
-        `norm` (add_norm's arguments, when norm_fusable), x is that add_norm's output, computed
-        by the product's kernel itself."""
+        `norm` (norm_fusable or norm_quantizable), the add_norm making x runs with the
+        product's launch as it describes."""
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
             if self._mmq_fits(first, count, rows):
@@ -443,14 +460,30 @@ class Plan:
                 and all(ROUND_MODE[t] in (1, 2) for t in types) and not MVQ_GEN & set(types)
                 and not mvq_global_x(mvq_need(types), 1, k, 1))  # fmt: skip
 
+    def norm_quantizable(self, first: int, count: int, rows: int) -> bool:
+        """Whether the add_norm making the x of descriptors first .. first + count - 1 over
+        `rows` rows runs as add_norm_quant, quantizing x for their launch (xg) where each of its
+        blocks would quantize it: one row, not norm_fusable, mmv.hip's r1 kernels (int8 types),
+        rows of at most ANQ_K. Its sums of squares run in another order than add_norm's,
+        so h can differ in the last bits. H200, llama-8B twin: the q/k/v, gate/up and head
+        blocks spent ~2.4 us each quantizing x before reading a weight."""
+        if not (self.quant_norm and rows == 1 and self.round_prefill):
+            return False
+        if self.norm_fusable(first, count, rows):
+            return False
+        mats = self.mats[first : first + count]
+        types = [p.type for p, _ in mats]
+        return (all(impl == BUILTIN_MATMUL for _, impl in mats)
+                and all(ROUND_MODE[t] in (1, 2) for t in types)
+                and mvq_variant(types, 1)[0] == "r1" and mats[0][0].k <= ANQ_K)  # fmt: skip
+
     def _matvec(
-        self, first: int, count: int, rows: int, act: int | None = None, norm: list | None = None
+        self, first: int, count: int, rows: int, act: int | None = None, norm: Fused | None = None
     ) -> None:
         """Decode products (few rows) of descriptors first .. first + count - 1, which share x:
         mmv.hip with int8 activations rounded as prefill rounds them; without rounding
         (round_prefill off) linear.hip's float kernels. `act`: the gated product (gate, up) with
-        that activation. `norm`: add_norm's (xin, o, w_post, w_next, xout, eps), computed by the
-        product's blocks (norm_fusable must hold)."""
+        that activation. `norm`: the add_norm making x, run with this launch (Fused)."""
         mats = [p for p, _ in self.mats[first : first + count]]
         ws = self.ws
         if not self.round_prefill:
@@ -475,10 +508,18 @@ class Plan:
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = max(1, self.mvq_blocks * cus // c)
         grid = even_grid(items, most)
-        xg = self._quantize_x(x, k, rows, need) if mvq_global_x(need, block_rows, k, rm) else 0
+        if norm is not None and norm.suffix == "q":  # x quantized by add_norm
+            xo, o, w_post, w_next, eps = norm.args
+            self.launch(self.lib.get("add_norm_quant"), (1,), (32 * -(-k // 512),),
+                        [xo, o, w_post, w_next, 0, ws.xq, k, need, eps])  # fmt: skip
+            xg, norm = ws.xq, None
+        elif mvq_global_x(need, block_rows, k, rm):
+            xg = self._quantize_x(x, k, rows, need)
+        else:
+            xg = 0
         flags = self.mvq_flags if l2_prefetch_pays(mats) else self.mvq_flags & ~1
         tail = [x, k, need, items, xg, flags]
-        fused, extra = ("n", norm) if norm is not None else ("", [])
+        fused, extra = (norm.suffix, norm.args) if norm is not None else ("", [])
         if act is None:
             self.launch(self.lib.get(f"mvq_multi_{suffix}{fused}"), (grid, c), (MVQ_THREADS,),
                         [ws.descs, first, count, rows, g, *tail, *extra])  # fmt: skip
@@ -518,7 +559,7 @@ class Plan:
         blocks = -(-rows // 128) * sum(-(-n // GEMM_N) for n in ns)
         return 128 if 2 * blocks >= self.lib.runtime.props.compute_units else 64
 
-    def glu(self, first: int, rows: int, norm: list | None = None) -> None:
+    def glu(self, first: int, rows: int, norm: Fused | None = None) -> None:
         """g = act(h Wg^T) * (h Wu^T); `norm` as for matmul."""
         s, ws = self.spec, self.ws
         act = 1 if s.activation == "gelu_tanh" else 0
@@ -576,19 +617,21 @@ class Plan:
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count):
-            """x += post(o); h = norm(x) * w_next, launched, or (norm_fusable) its arguments for
-            the product of descriptors first .. first + count - 1 to compute it itself."""
-            if not self.norm_fusable(first, count, rows):
-                self._add_norm(rows, res[0], o, w_post, w_next)
-                return None
-            args = [res[0], o, w_post, w_next, res[1], s.rms_eps]
-            res.reverse()
-            return args
+            """x += post(o) (when o); h = norm(x) * w_next: launched, or left to the launch of
+            the product of descriptors first .. first + count - 1 (norm_fusable,
+            norm_quantizable), which it returns (Fused)."""
+            if o and self.norm_fusable(first, count, rows):
+                args = [res[0], o, w_post, w_next, res[1], s.rms_eps]
+                res.reverse()
+                return Fused("n", args)
+            if self.norm_quantizable(first, count, rows):
+                return Fused("q", [res[0], o, w_post, w_next, s.rms_eps])
+            self._add_norm(rows, res[0], o, w_post, w_next)
+            return None
 
         L(self.feed_ids, (1,), (NORM_THREADS,), [meta.ids, meta.feed, ws.am, rows])
         L(self.k_embed, (rows,), (NORM_THREADS,), [self.embd.ptr, meta.ids, ws.x, e, s.embed_scale])
-        self._add_norm(rows, ws.x, 0, 0, self.layers[0]["attn_norm"])
-        norm = None
+        norm = add_norm(0, 0, self.layers[0]["attn_norm"], self.layers[0]["qkv"], 3)
         for i, (layer, ls) in enumerate(zip(self.layers, s.layers)):
             kc, vc = kv.layer(i)
             self.matmul(layer["qkv"], 3, rows, norm)
@@ -632,7 +675,7 @@ class Plan:
         into ws.am (parameter row i, or gather_idx[i] when gathering: see sampling.hip)."""
         ws, norm, self._head_norm = self.ws, self._head_norm, None
         if norm is not None and gather_idx is not None:  # the last add_norm, unfused after all
-            self._add_norm(1, *norm[:4])  # (left only by one-row passes)
+            self._add_norm(1, *norm.args[:4])  # (left only by one-row passes)
             norm = None
         if gather_idx is not None:
             L = self.launch
