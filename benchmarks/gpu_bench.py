@@ -104,7 +104,7 @@ SHARE_GROUPS = {
     "gated products (mmq_glu)": lambda name, i, n: name.startswith("mmq_glu"),
     "x quantized (mvq_quant)": lambda name, i, n: name == "mvq_quant",
     "attention (attn_decode)": lambda name, i, n: name.startswith("attn_decode"),
-    "add_norm": lambda name, i, n: name == "add_norm",
+    "add_norm": lambda name, i, n: name in ("add_norm", "add_norm_quant"),
     "output head": lambda name, i, n: i == n - 2,
     "embed + sample_rows": lambda name, i, n: name.startswith("embed") or name == "sample_rows",
 }

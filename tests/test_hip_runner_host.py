@@ -322,7 +322,7 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
     runner.allocate_kv(32, 16)
     n_layer, table = runner.spec.n_layer, np.arange(3, dtype=np.int32)
     counts = {}
-    runner.plan.quant_norm = False  # (the other way to drop the launches: the next test)
+    runner.plan.quant_norm = False  # (which would take these add_norms first: the next test)
     for fuse, rows in ((True, 1), (False, 1), (True, 2)):
         runner.plan.fuse_norm = fuse
         runner.graphs.clear()
@@ -346,15 +346,13 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
 
 @pytest.mark.parametrize("name", ["qwen2-q4_k.gguf", "llama-q4_0.gguf", "gemma3-q4_k_m.gguf"])
 def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
-    """Where the products cannot fold add_norm (fuse_norm off here; rows over MVQ_NORM_K in
-    practice), a batch-1 step's add_norms run as add_norm_quant, which also rounds the next
-    product's x into ws.xq: the q/k/v, gate/up and head products then read it there (xg) and
-    quantize nothing themselves, and the residual stays in ws.x. A gathered head gets its plain
-    add_norm back; quant_norm off keeps the add_norm launches."""
+    """A batch-1 step's add_norms run as add_norm_quant, which also rounds the next product's
+    x into ws.xq: the q/k/v, gate/up and head products then read it there (xg) and quantize
+    nothing themselves, and the residual stays in ws.x. A gathered head gets its plain add_norm
+    back; quant_norm and fuse_norm off keep the add_norm launches."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, name, rt)
     runner.allocate_kv(32, 16)
-    runner.plan.fuse_norm = False
     plan, ws, n_layer = runner.plan, runner.ws, runner.spec.n_layer
     table = np.arange(3, dtype=np.int32)
     runner.forward_argmax([SeqBatch(np.array([5], np.int32), 3, table)])
@@ -391,7 +389,7 @@ def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
     assert names.count("add_norm") == 1 and names[at - 1] == "add_norm"
     assert names.count("add_norm_quant") == 2 * n_layer
     rt.launches.clear()
-    runner.use_graphs, plan.quant_norm = True, False
+    runner.use_graphs, plan.quant_norm, plan.fuse_norm = True, False, False
     runner.graphs.clear()
     runner.forward_argmax([SeqBatch(np.array([7], np.int32), 5, table)])
     names = [n for n, _, _ in rt.launches]

@@ -366,7 +366,7 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
     launches (both compute add_norm.h's arithmetic in one warp)."""
     runner = _runner(rt, golden_dir, name)
     runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
-    runner.plan.quant_norm = False  # (fuse_norm off would quantize x in add_norm)
+    runner.plan.quant_norm = False  # (which would take these add_norms first)
     try:
         logits, launched = _one_row_steps(runner, "fuse_norm")
         np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
@@ -382,10 +382,10 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
 )
 def test_one_row_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, name):
     """Batch-1 decode steps whose add_norms run as add_norm_quant, rounding the next product's x
-    into ws.xq (fuse_norm off so that these small models take that path; gemma3's post-norms
-    included), give the logits of the same steps with add_norm launches and x quantized in
-    the products' blocks, up to the order of the sums of squares: h's scale may differ in its
-    last bits, and an int8 rounding of x may then move by one step."""
+    into ws.xq (gemma3's post-norms included), give the logits of the same steps with add_norm
+    launches (fuse_norm off) and x quantized in the products' blocks, up to the order of the
+    sums of squares: h's scale may differ in its last bits, and an int8 rounding of x may then
+    move by one step."""
     runner = _runner(rt, golden_dir, name)
     runner.plan.round_prefill = True
     runner.plan.fuse_norm = False

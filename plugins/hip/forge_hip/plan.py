@@ -308,10 +308,11 @@ class Plan:
         # decode products of more than MVQ_SPLIT_RM rows: blocks of MVQ_SPLIT_RM rows of x each
         self.mvq_split = MVQ_SPLIT
         self.mvq_max_work = MVQ_MAX_WORK  # mvq_max_rows()
-        self.fuse_norm = True  # one-row products compute the add_norm before them (mvq_*_r1n)
-        # ... or, where they cannot (rows over MVQ_NORM_K), add_norm quantizes their x for them
-        # (add_norm_quant): see norm_quantizable
+        # one-row products: the add_norm making x also quantizes it for them (add_norm_quant,
+        # norm_quantizable); without that, the products compute it themselves (mvq_*_r1n,
+        # norm_fusable) where they can
         self.quant_norm = True
+        self.fuse_norm = True
         self.mmq = True  # products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
         self.mmq_prefetch = MMQ_PREFETCH  # mmq.hip's pf (launches up to MVQ_PREFETCH_BYTES)
         self.att_fill = ATT_FILL  # many-row decode attention: splits within this many blocks per CU
@@ -463,13 +464,13 @@ class Plan:
     def norm_quantizable(self, first: int, count: int, rows: int) -> bool:
         """Whether the add_norm making the x of descriptors first .. first + count - 1 over
         `rows` rows runs as add_norm_quant, quantizing x for their launch (xg) where each of its
-        blocks would quantize it: one row, not norm_fusable, mmv.hip's r1 kernels (int8 types),
-        rows of at most ANQ_K. Its sums of squares run in another order than add_norm's,
-        so h can differ in the last bits. H200, llama-8B twin: the q/k/v, gate/up and head
-        blocks spent ~2.4 us each quantizing x before reading a weight."""
+        blocks would quantize it: one row, mmv.hip's r1 kernels (int8 types), rows of at most
+        ANQ_K. Its sums of squares run in another order than add_norm's, so h can differ in
+        the last bits. H200, tg128 alternated in one process: llama-8B twin (separate add_norm
+        before) 378.3-378.7 -> 397.8-398.2 tok/s, its q/k/v, gate/up and head blocks having
+        spent ~2.4 us each quantizing x before reading a weight; gemma3 twin (mvq_*_r1n before)
+        1,690-1,692 -> 1,761-1,764."""
         if not (self.quant_norm and rows == 1 and self.round_prefill):
-            return False
-        if self.norm_fusable(first, count, rows):
             return False
         mats = self.mats[first : first + count]
         types = [p.type for p, _ in mats]
@@ -620,12 +621,12 @@ class Plan:
             """x += post(o) (when o); h = norm(x) * w_next: launched, or left to the launch of
             the product of descriptors first .. first + count - 1 (norm_fusable,
             norm_quantizable), which it returns (Fused)."""
+            if self.norm_quantizable(first, count, rows):
+                return Fused("q", [res[0], o, w_post, w_next, s.rms_eps])
             if o and self.norm_fusable(first, count, rows):
                 args = [res[0], o, w_post, w_next, res[1], s.rms_eps]
                 res.reverse()
                 return Fused("n", args)
-            if self.norm_quantizable(first, count, rows):
-                return Fused("q", [res[0], o, w_post, w_next, s.rms_eps])
             self._add_norm(rows, res[0], o, w_post, w_next)
             return None
 
