@@ -513,13 +513,14 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
                                     &nm);
 }
 
-// One row's add_norm for a one-row product reading x quantized (xg): x += post(o) in place (when
-// o: add_norm.h's an_resid, with rmsnorm(o) when w_post), then h = rmsnorm(x) * w_next rounded
-// into xg in mvq_quant's layout (need bits), and stored into h when given. The product then
-// starts on x at once, where quantizing it in each of its blocks cost them ~2.4 us (H200,
-// llama-8B twin). Lanes hold mvq_quant's tasks of 256 elements, two per 32-lane group: block =
-// 32 * ceil(K / 512) threads, K <= ANQ_K (K % 32 == 0). The sums of squares run per lane,
-// then over the block: other orders than add_norm's, so h may differ from it in the last bits.
+// add_norm of R rows (grid = R, block row r) for a product reading x quantized (xg): x[r] +=
+// post(o[r]) in place (when o: add_norm.h's an_resid, with rmsnorm(o[r]) when w_post), then
+// h[r] = rmsnorm(x[r]) * w_next rounded into xg in mvq_quant's layout for R rows (need bits),
+// and stored into h when given. The product then starts on x at once, where quantizing it in
+// each of its blocks cost them ~2.4 us (one row, H200, llama-8B twin), or a mvq_quant launch.
+// Lanes hold mvq_quant's tasks of 256 elements, two per 32-lane group: block = 32 * ceil(K /
+// 512) threads, K <= ANQ_K (K % 32 == 0). The sums of squares run per lane, then over the
+// block: other orders than add_norm's, so h may differ from it in the last bits.
 #define ANQ_TASKS 2
 #define ANQ_K (ANQ_TASKS * 256 * 16)
 FORGE_KERNEL void __launch_bounds__(512, 1)
@@ -528,6 +529,10 @@ FORGE_KERNEL void __launch_bounds__(512, 1)
                  float* __restrict__ h, u8* __restrict__ xg, int K, int need, float eps) {
     __shared__ float scratch[32];
     const int lane = threadIdx.x & 31, grp = threadIdx.x >> 5, groups = blockDim.x >> 5;
+    const int r = blockIdx.x, R = gridDim.x;
+    x += (i64)r * K;
+    if (o) o += (i64)r * K;
+    if (h) h += (i64)r * K;
     float v[ANQ_TASKS][8], ov[ANQ_TASKS][8], wp[ANQ_TASKS][8];
     float wn[ANQ_TASKS][8];
 #pragma unroll
@@ -583,7 +588,7 @@ FORGE_KERNEL void __launch_bounds__(512, 1)
         for (int e = 0; e < 8; ++e) ss = an_sq(ss, v[t][e]);
     }
     const float inv = an_inv(block_sum(ss, scratch), K, eps);
-    const int off2 = (need & 1) ? K + K / 4 : 0;
+    const int off2 = (need & 1) ? R * K + R * K / 4 : 0;
 #pragma unroll
     for (int t = 0; t < ANQ_TASKS; ++t) {
         const int task = grp + t * groups, k = 256 * task + 8 * lane;
@@ -597,7 +602,7 @@ FORGE_KERNEL void __launch_bounds__(512, 1)
                 *(F4*)(h + k) = a;
                 *(F4*)(h + k + 4) = b;
             }
-            mvq_quant8(v[t], 0, k, k < K, K, 1, need, xg, 0, off2);
+            mvq_quant8(v[t], r, k, k < K, K, R, need, xg, 0, off2);
         }
     }
 }

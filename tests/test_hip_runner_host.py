@@ -221,11 +221,14 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
             assert not rt.launches  # replayed: Python launched nothing
         else:
             quants = [n for n, _, _ in rt.launches].count("mvq_quant")
+            anq = [n for n, _, _ in rt.launches].count("add_norm_quant")
     per_step = runner.graphs.kernels[2]
     # per layer: qkv, attention (one fused launch), wo, add_norm, gate/up, down, add_norm;
-    # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before;
-    # around them: feed_ids, embedding, add_norm, the head, sampling
-    assert quants == (0 if name == "llama-f32.gguf" else 4 * n_layer + 1)
+    # products on mmq.hip (quantized types at 2 rows) take x quantized by one launch before,
+    # except q/k/v and gate/up: their add_norm quantizes it (add_norm_quant); around them:
+    # feed_ids, embedding, add_norm, the head, sampling
+    assert quants == (0 if name == "llama-f32.gguf" else 2 * n_layer + 1)
+    assert anq == (0 if name == "llama-f32.gguf" else 2 * n_layer)
     assert per_step == 7 * n_layer + 5 + quants, per_step
     assert rt.replays == 2 + 1 + 3  # the 40-row pass twice, the 100-row once, 3 decode steps
     assert runner.kv.f16 == (name != "llama-f32.gguf")
@@ -348,8 +351,9 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
 def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
     """A batch-1 step's add_norms run as add_norm_quant, which also rounds the next product's
     x into ws.xq: the q/k/v, gate/up and head products then read it there (xg) and quantize
-    nothing themselves, and the residual stays in ws.x. A gathered head gets its plain add_norm
-    back; quant_norm and fuse_norm off keep the add_norm launches."""
+    nothing themselves, and the residual stays in ws.x. Steps of several rows do the same
+    before mmq.hip, but for the head (a pass may gather its rows). A gathered head gets its
+    plain add_norm back; quant_norm and fuse_norm off keep the add_norm launches."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, name, rt)
     runner.allocate_kv(32, 16)
@@ -381,6 +385,17 @@ def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
             )
         ],
     ]
+    rt.launch_args.clear()  # a step of 5 rows: the same, on mmq.hip; the head keeps add_norm
+    rows5 = [SeqBatch(np.array([5 + i], np.int32), 3, table + 3 * i) for i in range(5)]
+    runner.forward_argmax(rows5)
+    calls = [(n, a) for n, a in rt.launch_args]
+    names = [n for n, _ in calls]
+    assert names.count("add_norm_quant") == 2 * n_layer and names.count("add_norm") == 1
+    for i, (n, _) in enumerate(calls):
+        if n == "add_norm_quant":
+            nxt, args = calls[i + 1]
+            assert nxt.startswith(("mmq_multi_m", "mmq_glu_m")) and ws.xq in args
+    assert [n for n, _ in calls[-4:-1]] == ["add_norm", "mvq_quant", "mmq_multi_m1"]
     rt.launches.clear()
     runner.use_graphs = False  # a pass, its head row gathered: the head's add_norm is launched
     runner.forward_argmax([SeqBatch(np.array([6], np.int32), 4, table)])
@@ -640,8 +655,10 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
         assert set(products) == {f"mmq_{k}_m{mt}" for k in ("multi", "glu") for mt in mts}
         ys = {g[1] for n, g, _ in rt.launches if n.startswith("mmq_")}
         assert ys == {1 if n <= 16 else 2 for _, n in halves}  # gridDim.y: x's row halves
-        before = [names[names.index(p, i) - 1] for i, p in enumerate(names) if p in products]
-        assert names.count("mvq_quant") == len(products) and set(before) == {"mvq_quant"}
+        # x quantized once before each: by mvq_quant, or by the add_norm making it (q/k/v, gate/up)
+        before = [names[i - 1] for i, n in enumerate(names) if n in products]
+        assert before.count("add_norm_quant") == 2 * spec.n_layer
+        assert before.count("mvq_quant") == len(products) - 2 * spec.n_layer
         seen = set()
         for name, args in rt.launch_args:
             if name.startswith("mmq_multi"):

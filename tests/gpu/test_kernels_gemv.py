@@ -440,38 +440,41 @@ def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, sp
         runner.close()
 
 
+@pytest.mark.parametrize("R", [1, 3])
 @pytest.mark.parametrize("K,need", [(256, 3), (640, 1), (768, 2), (4096, 3), (8192, 2)])
 @pytest.mark.parametrize("form", ["first", "plain_add", "post_norm"])
-def test_add_norm_quant(rt, lib, dev, K, need, form):
-    """mmv.hip's add_norm_quant (one row, the plan's block of 32 * ceil(K / 512) threads): the
-    residual update and h = rmsnorm(x) * w_next against float64, and h's int8 copies in xg are
-    llama.cpp's roundings of the h it computed (stored when given), bit for bit."""
+def test_add_norm_quant(rt, lib, dev, R, K, need, form):
+    """mmv.hip's add_norm_quant (R rows, the plan's block of 32 * ceil(K / 512) threads): the
+    residual update and h = rmsnorm(x) * w_next against float64, and h's int8 copies in xg
+    (mvq_quant's layout for R rows) are llama.cpp's roundings of the h it computed (stored
+    when given), bit for bit."""
     rng = np.random.default_rng()
     eps = 1e-6
-    x = rng.standard_normal(K).astype(np.float32) * 2
-    o = rng.standard_normal(K).astype(np.float32) * 5
+    x = rng.standard_normal((R, K)).astype(np.float32) * 2
+    o = rng.standard_normal((R, K)).astype(np.float32) * 5
     wp, wn = (rng.standard_normal(K).astype(np.float32) for _ in range(2))
     use_o, use_post = {"first": (False, False), "plain_add": (True, False),
                        "post_norm": (True, True)}[form]  # fmt: skip
-    xd, h, xg = dev.put(x), dev.poisoned(4 * K), dev.poisoned(mvq_xbytes(need, 1, K))
+    nx = mvq_xbytes(need, R, K)
+    xd, h, xg = dev.put(x), dev.poisoned(x.nbytes), dev.poisoned(nx)
     args = [xd, dev.put(o) if use_o else 0, dev.put(wp) if use_post else 0, dev.put(wn), h, xg,
             K, need, eps]  # fmt: skip
-    rt.launch(lib.get("add_norm_quant"), (1,), (32 * -(-K // 512),), args)
+    rt.launch(lib.get("add_norm_quant"), (R,), (32 * -(-K // 512),), args)
 
     def rms(v):
-        return v / np.sqrt((v**2).mean() + eps)
+        return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)
 
     x64, o64 = x.astype(np.float64), o.astype(np.float64)
     if use_o:
         x64 = x64 + (rms(o64) * wp if use_post else o64)
-    assert rel_err(dev.get(xd, (K,)), x64) < 1e-6
-    hk = dev.get(h, (K,))
+    assert rel_err(dev.get(xd, (R, K)), x64) < 1e-6
+    hk = dev.get(h, (R, K))
     assert rel_err(hk, rms(x64) * wn) < 1e-6
-    got, at = dev.get(xg, (mvq_xbytes(need, 1, K),), np.uint8), 0
+    got, at = dev.get(xg, (nx,), np.uint8), 0
     for mode in (1, 2):
         if need & mode:
-            q, ds, _ = round_acts(hk[None], mode)
-            np.testing.assert_array_equal(got[at : at + K].view(np.int8), q[0])
-            np.testing.assert_array_equal(got[at + K : at + K + K // 4].view(np.float32),
-                                          ds.reshape(-1))  # fmt: skip
-            at += K + K // 4
+            q, ds, _ = round_acts(hk, mode)
+            np.testing.assert_array_equal(got[at : at + R * K].view(np.int8).reshape(R, K), q)
+            np.testing.assert_array_equal(got[at + R * K : at + R * K + R * K // 4]
+                                          .view(np.float32), ds.reshape(-1))  # fmt: skip
+            at += R * K + R * K // 4

@@ -13,7 +13,7 @@ from forge.gguf import open_gguf
 from forge.kernels import KernelSpec
 from forge.models import build_spec
 from forge.plugins import get_plugin_manager
-from tests.golden_rules import logit_errors
+from tests.golden_rules import BOUNDS, greedy_mismatches, logit_errors
 
 
 def _model(golden_dir, name):
@@ -342,20 +342,23 @@ def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_di
         model.runner.close()
 
 
-def _one_row_steps(runner, setting: str) -> tuple[dict, int]:
-    """Logits of four batch-1 decode steps (graph-replayed, after a 9-token prompt) with the
-    plan's `setting` on and off, and the kernels of a step with it on."""
+def _decode_steps(runner, setting: str, n_seq: int = 1) -> tuple[dict, int]:
+    """Logits [n_seq, 4, vocab] of four decode steps of n_seq sequences (graph-replayed, after
+    a 9-token prompt each) with the plan's `setting` on and off, and the kernels of a step
+    with it on."""
     rng = np.random.default_rng()
-    ids = rng.integers(1, runner.spec.n_vocab, size=13).astype(np.int32)
-    table = np.arange(8, dtype=np.int32)[::-1].copy()
+    ids = rng.integers(1, runner.spec.n_vocab, size=(n_seq, 13)).astype(np.int32)
+    tables = [np.arange(8 * i, 8 * i + 8, dtype=np.int32)[::-1].copy() for i in range(n_seq)]
     logits, launched = {}, 0
     for on in (True, False):
         setattr(runner.plan, setting, on)
         runner.graphs.clear()
-        runner.forward([SeqBatch(ids[:9], 0, table, "none")])
-        logits[on] = np.stack([runner.forward([SeqBatch(ids[p : p + 1], p, table)])[0][0]
-                               for p in range(9, 13)])  # fmt: skip
-        launched = launched if not on else runner.graphs.kernels[1]
+        for s, t in zip(ids, tables):
+            runner.forward([SeqBatch(s[:9], 0, t, "none")])
+        steps = [runner.forward([SeqBatch(s[p : p + 1], p, t) for s, t in zip(ids, tables)])
+                 for p in range(9, 13)]  # fmt: skip
+        logits[on] = np.stack([np.stack([step[i][0] for step in steps]) for i in range(n_seq)])
+        launched = launched if not on else runner.graphs.kernels[n_seq]
     return logits, launched
 
 
@@ -368,7 +371,7 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
     runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
     runner.plan.quant_norm = False  # (which would take these add_norms first)
     try:
-        logits, launched = _one_row_steps(runner, "fuse_norm")
+        logits, launched = _decode_steps(runner, "fuse_norm")
         np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
         print(f"{name}: {launched} kernels per fused step")
         # feed_ids, embedding, the first add_norm (stays a launch), 5 per layer, head, sampling
@@ -377,30 +380,34 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
         runner.close()
 
 
+@pytest.mark.parametrize("n_seq", [1, 5])
 @pytest.mark.parametrize(
     "name", ["qwen2-q4_k.gguf", "qwen3-q4_k_m.gguf", "llama-q8_0.gguf", "gemma3-q4_k_m.gguf"]
 )
-def test_one_row_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, name):
-    """Batch-1 decode steps whose add_norms run as add_norm_quant, rounding the next product's x
-    into ws.xq (gemma3's post-norms included), give the logits of the same steps with add_norm
-    launches (fuse_norm off) and x quantized in the products' blocks, up to the order of the
-    sums of squares: h's scale may differ in its last bits, and an int8 rounding of x may then
-    move by one step."""
+def test_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, name, n_seq):
+    """Decode steps (one sequence: mmv.hip; five: mmq.hip) whose add_norms run as
+    add_norm_quant, rounding the next product's x into ws.xq (gemma3's post-norms included),
+    give the logits of the same steps with add_norm launches (fuse_norm off) and x quantized
+    in the products' blocks or by mvq_quant, up to the order of the sums of squares: h's scale
+    may differ in its last bits, and an int8 rounding of x may then move by one step (1/127 of
+    a block's peak): that row still meets the golden bounds, and greedy picks differ only at
+    near ties."""
     runner = _runner(rt, golden_dir, name)
     runner.plan.round_prefill = True
     runner.plan.fuse_norm = False
     try:
-        logits, launched = _one_row_steps(runner, "quant_norm")
-        a, b = logits[True], logits[False]
-        err = np.abs(a - b).max() / b.std()
-        print(f"{name}: {launched} kernels per step, max |diff| / std {err:.2e}")
-        assert err <= 2e-2
-        top2 = np.sort(b, -1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(a - b).max()  # not a near-tie
-        assert (a.argmax(-1) == b.argmax(-1))[clear].all()
-        # feed_ids, embedding, 5 per layer + 2 add_norm_quant, head + its add_norm_quant,
-        # sampling (these small models' down products quantize x in their blocks)
-        assert launched == 7 * runner.spec.n_layer + 5
+        logits, launched = _decode_steps(runner, "quant_norm", n_seq)
+        a, b = (logits[on].reshape(-1, runner.spec.n_vocab) for on in (True, False))
+        err = np.abs(a - b).max(axis=1) / b.std(axis=1)
+        print(f"{name}, {n_seq} rows: {launched} kernels per step, max |diff| / std per row "
+              f"{np.array2string(err, precision=1)}")  # fmt: skip
+        assert err.min() < 1e-5  # rows without a moved rounding: the sums' order only
+        mx, mean = logit_errors(a, b)
+        assert mx <= BOUNDS["quant"][0] and mean <= BOUNDS["quant"][1], (mx, mean)
+        assert not greedy_mismatches(a, [int(np.argmax(r)) for r in b])
+        if n_seq == 1:  # feed_ids, embedding, 5 per layer + 2 add_norm_quant, head + its
+            # add_norm_quant, sampling (these small models' down products quantize in-block)
+            assert launched == 7 * runner.spec.n_layer + 5
     finally:
         runner.close()
 

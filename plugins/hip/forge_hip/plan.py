@@ -312,6 +312,7 @@ class Plan:
         # norm_quantizable); without that, the products compute it themselves (mvq_*_r1n,
         # norm_fusable) where they can
         self.quant_norm = True
+        self.quant_norm_rows = MMQ_LAUNCH_ROWS  # ... in steps of at most this many rows
         self.fuse_norm = True
         self.mmq = True  # products of MMQ_MIN_ROWS .. MMQ_MAX_ROWS rows on mmq.hip
         self.mmq_prefetch = MMQ_PREFETCH  # mmq.hip's pf (launches up to MVQ_PREFETCH_BYTES)
@@ -384,7 +385,7 @@ class Plan:
         mats = self.mats[first : first + count]
         if all(impl == BUILTIN_MATMUL for _, impl in mats):
             if self._mmq_fits(first, count, rows):
-                self._mmq(first, count, rows)
+                self._mmq(first, count, rows, norm=norm)
             elif rows <= self._mv_rows(first, count):
                 self._matvec(first, count, rows, norm=norm)
             else:
@@ -413,7 +414,9 @@ class Plan:
             return False
         return rows <= MMQ_LAUNCH_ROWS or sum(p.nbytes for p, _ in mats) <= MMQ_REREAD_BYTES
 
-    def _mmq(self, first: int, count: int, rows: int, act: int | None = None) -> None:
+    def _mmq(
+        self, first: int, count: int, rows: int, act: int | None = None, norm: Fused | None = None
+    ) -> None:
         """Products of 2..MMQ_MAX_ROWS rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS
         rows, x quantized once by mvq_quant, as the decode products round it, then one launch
         over the matrices (or the gated pair) writing those rows of y."""
@@ -425,7 +428,10 @@ class Plan:
         pf = int(self.mmq_prefetch and l2_prefetch_pays(mats))
         for r0 in range(0, rows, MMQ_LAUNCH_ROWS):
             n = min(MMQ_LAUNCH_ROWS, rows - r0)
-            xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
+            if norm is not None:  # "q" (norm_quantizable: one launch)
+                xg = self._add_norm_quant(norm, rows, k, need)
+            else:
+                xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
             mt, halves = mmq_shape(n)
             ks = mmq_ks(k, types, ns, cus, halves)
             items = mmq_items(ns, ks)
@@ -437,6 +443,14 @@ class Plan:
             else:
                 self.launch(self.lib.get(f"mmq_glu_m{mt}"), grid, (MVQ_THREADS,),
                             [descs, first, n, r0, xg, *tail, act, pf])  # fmt: skip
+
+    def _add_norm_quant(self, norm: Fused, rows: int, k: int, need: int) -> int:
+        """The add_norm of `norm` ("q") over `rows` rows, x quantized into ws.xq (add_norm_quant,
+        mvq_quant's layout); ws.xq."""
+        x, o, w_post, w_next, eps = norm.args
+        self.launch(self.lib.get("add_norm_quant"), (rows,), (32 * -(-k // 512),),
+                    [x, o, w_post, w_next, 0, self.ws.xq, k, need, eps])  # fmt: skip
+        return self.ws.xq
 
     def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
         """x [rows, k] rounded to int8 once into ws.xq (mvq_quant, mmv.hip's layout); ws.xq."""
@@ -464,19 +478,29 @@ class Plan:
     def norm_quantizable(self, first: int, count: int, rows: int) -> bool:
         """Whether the add_norm making the x of descriptors first .. first + count - 1 over
         `rows` rows runs as add_norm_quant, quantizing x for their launch (xg) where each of its
-        blocks would quantize it: one row, mmv.hip's r1 kernels (int8 types), rows of at most
-        ANQ_K. Its sums of squares run in another order than add_norm's, so h can differ in
-        the last bits. H200, tg128 alternated in one process: llama-8B twin (separate add_norm
-        before) 378.3-378.7 -> 397.8-398.2 tok/s, its q/k/v, gate/up and head blocks having
-        spent ~2.4 us each quantizing x before reading a weight; gemma3 twin (mvq_*_r1n before)
-        1,690-1,692 -> 1,761-1,764."""
-        if not (self.quant_norm and rows == 1 and self.round_prefill):
+        blocks, or a mvq_quant launch, would quantize it: decode products of mmv.hip (int8
+        types, not the gen kernels) or one launch of mmq.hip, rows of at most ANQ_K and steps
+        of at most quant_norm_rows rows; the head only for one row (output() may gather a
+        pass's rows). Its sums of squares run in another order than add_norm's, so h can
+        differ in the last bits. H200, tg128 alternated in one process: llama-8B twin
+        (separate add_norm before) 378.3-378.7 -> 397.8-398.2 tok/s, its q/k/v, gate/up and
+        head blocks having spent ~2.4 us each quantizing x before reading a weight; gemma3
+        twin (mvq_*_r1n before) 1,690-1,692 -> 1,761-1,764. H100, gemma3 twin, replayed steps
+        of 2 / 8 / 16 / 32 rows (add_norm and mvq_quant before mmq.hip): 876 / 938 / 1,014 /
+        1,130 -> 816 / 882 / 935 / 1,056 us; the hip server at 32 streams 15.60x / 15.83x ->
+        16.32x / 16.34x."""
+        if not (self.quant_norm and self.round_prefill and rows <= self.quant_norm_rows):
+            return False
+        if rows > 1 and first in (self.out_h, self.out_g):
             return False
         mats = self.mats[first : first + count]
         types = [p.type for p, _ in mats]
-        return (all(impl == BUILTIN_MATMUL for _, impl in mats)
-                and all(ROUND_MODE[t] in (1, 2) for t in types)
-                and mvq_variant(types, 1)[0] == "r1" and mats[0][0].k <= ANQ_K)  # fmt: skip
+        if not (all(impl == BUILTIN_MATMUL for _, impl in mats) and mats[0][0].k <= ANQ_K):
+            return False
+        if self._mmq_fits(first, count, rows):
+            return rows <= MMQ_LAUNCH_ROWS
+        ints = all(ROUND_MODE[t] in (1, 2) for t in types) and not MVQ_GEN & set(types)
+        return ints and rows <= self._mv_rows(first, count)
 
     def _matvec(
         self, first: int, count: int, rows: int, act: int | None = None, norm: Fused | None = None
@@ -510,10 +534,7 @@ class Plan:
         most = max(1, self.mvq_blocks * cus // c)
         grid = even_grid(items, most)
         if norm is not None and norm.suffix == "q":  # x quantized by add_norm
-            xo, o, w_post, w_next, eps = norm.args
-            self.launch(self.lib.get("add_norm_quant"), (1,), (32 * -(-k // 512),),
-                        [xo, o, w_post, w_next, 0, ws.xq, k, need, eps])  # fmt: skip
-            xg, norm = ws.xq, None
+            xg, norm = self._add_norm_quant(norm, rows, k, need), None
         elif mvq_global_x(need, block_rows, k, rm):
             xg = self._quantize_x(x, k, rows, need)
         else:
@@ -566,7 +587,7 @@ class Plan:
         act = 1 if s.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
         if fused and self._mmq_fits(first, 2, rows):
-            self._mmq(first, 2, rows, act)
+            self._mmq(first, 2, rows, act, norm)
             return
         if fused and rows <= self._mv_rows(first, 2):
             self._matvec(first, 2, rows, act, norm)
