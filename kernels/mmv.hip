@@ -518,8 +518,8 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
 // h[r] = rmsnorm(x[r]) * w_next rounded into xg in mvq_quant's layout for R rows (need bits),
 // and stored into h when given. The product then starts on x at once, where quantizing it in
 // each of its blocks cost them ~2.4 us (one row, H200, llama-8B twin), or a mvq_quant launch.
-// Lanes hold mvq_quant's tasks of 256 elements, two per 32-lane group: block = 32 * ceil(K /
-// 512) threads, K <= ANQ_K (K % 32 == 0). The sums of squares run per lane, then over the
+// Lanes hold mvq_quant's tasks of 256 elements, at most two per 32-lane group: block of at
+// least 32 * ceil(K / 512) threads (forge_hip.plan.anq_threads), K <= ANQ_K (K % 32 == 0). The sums of squares run per lane, then over the
 // block: other orders than add_norm's, so h may differ from it in the last bits.
 #define ANQ_TASKS 2
 #define ANQ_K (ANQ_TASKS * 256 * 16)

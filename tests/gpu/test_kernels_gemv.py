@@ -13,6 +13,7 @@ from forge_hip.library import ROUND_MODE, TYPE_IDS, TYPE_SUFFIX
 from forge_hip.plan import (
     MVQ_SPLIT_RM,
     MVQ_THREADS,
+    anq_threads,
     mvq_global_x,
     mvq_lanes,
     mvq_max_rows,
@@ -443,8 +444,9 @@ def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, sp
 @pytest.mark.parametrize("R", [1, 3])
 @pytest.mark.parametrize("K,need", [(256, 3), (640, 1), (768, 2), (4096, 3), (8192, 2)])
 @pytest.mark.parametrize("form", ["first", "plain_add", "post_norm"])
-def test_add_norm_quant(rt, lib, dev, R, K, need, form):
-    """mmv.hip's add_norm_quant (R rows, the plan's block of 32 * ceil(K / 512) threads): the
+@pytest.mark.parametrize("tasks", ["plan", 2])
+def test_add_norm_quant(rt, lib, dev, R, K, need, form, tasks):
+    """mmv.hip's add_norm_quant (R rows; the plan's block, or two tasks of 256 per warp): the
     residual update and h = rmsnorm(x) * w_next against float64, and h's int8 copies in xg
     (mvq_quant's layout for R rows) are llama.cpp's roundings of the h it computed (stored
     when given), bit for bit."""
@@ -459,7 +461,8 @@ def test_add_norm_quant(rt, lib, dev, R, K, need, form):
     xd, h, xg = dev.put(x), dev.poisoned(x.nbytes), dev.poisoned(nx)
     args = [xd, dev.put(o) if use_o else 0, dev.put(wp) if use_post else 0, dev.put(wn), h, xg,
             K, need, eps]  # fmt: skip
-    rt.launch(lib.get("add_norm_quant"), (R,), (32 * -(-K // 512),), args)
+    threads = anq_threads(K) if tasks == "plan" else 32 * -(-K // 512)
+    rt.launch(lib.get("add_norm_quant"), (R,), (threads,), args)
 
     def rms(v):
         return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)

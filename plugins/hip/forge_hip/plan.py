@@ -75,6 +75,10 @@ MVQ_MAX_WORK = 128 << 20
 MVQ_RM = (1, 2, 4, 8, 16, 32)
 MVQ_NORM_K = 1024  # mmv.hip's MVQ_NORM_K: longest row the *_r1n kernels norm themselves
 ANQ_K = 8192  # mmv.hip's ANQ_K: longest row add_norm_quant takes (512 threads)
+# add_norm_quant gives each warp one 256-element task while that takes at most this many warps,
+# else two. H200, tg128 alternated: gemma3 twin (K 640: 3 warps instead of 2) 1,760-1,764 ->
+# 1,791-1,793 tok/s; llama-8B twin (K 4096: 16 warps instead of 8) 395.3-395.8 -> 394.2-394.4.
+ANQ_ONE_TASK_WARPS = 8
 MVQ_QUANT_TASKS = 32  # most 256-element pieces of x a block quantizes itself (4 per warp)
 # mmv.hip's flags: L2 prefetch of each block's first rows only. Prefetching 1-3 row groups ahead
 # (flags 3, 5, 7) was slower on 9 of the 10 products of the two twins (H200, mvq_sweep.py).
@@ -242,6 +246,12 @@ MVQ_LONG_N = 65536  # matrices of at least this many rows (output heads) fill th
 # Fewer lanes lost for the non-gated products (16 for q/k/v, wo or down: -0.3% to -6%).
 MVQ_PAIR_LANES = 8
 MVQ_PAIR_FILL = 3
+
+
+def anq_threads(k: int) -> int:
+    """add_norm_quant's block for rows of k (ANQ_ONE_TASK_WARPS)."""
+    tasks = -(-k // 256)
+    return 32 * (tasks if tasks <= ANQ_ONE_TASK_WARPS else -(-tasks // 2))
 
 
 def mvq_lanes(
@@ -448,7 +458,7 @@ class Plan:
         """The add_norm of `norm` ("q") over `rows` rows, x quantized into ws.xq (add_norm_quant,
         mvq_quant's layout); ws.xq."""
         x, o, w_post, w_next, eps = norm.args
-        self.launch(self.lib.get("add_norm_quant"), (rows,), (32 * -(-k // 512),),
+        self.launch(self.lib.get("add_norm_quant"), (rows,), (anq_threads(k),),
                     [x, o, w_post, w_next, 0, self.ws.xq, k, need, eps])  # fmt: skip
         return self.ws.xq
 
