@@ -428,8 +428,9 @@ class Plan:
         self, first: int, count: int, rows: int, act: int | None = None, norm: Fused | None = None
     ) -> None:
         """Products of 2..MMQ_MAX_ROWS rows on int8 tensor cores (mmq.hip): per MMQ_LAUNCH_ROWS
-        rows, x quantized once by mvq_quant, as the decode products round it, then one launch
-        over the matrices (or the gated pair) writing those rows of y."""
+        rows, x quantized once by mvq_quant (or, with `norm` "q", by the add_norm making it:
+        one launch), as the decode products round it, then one launch over the matrices (or
+        the gated pair) writing those rows of y."""
         mats = [p for p, _ in self.mats[first : first + count]]
         types = [p.type for p in mats]
         k, need = mats[0].k, mvq_need(types)
@@ -438,7 +439,7 @@ class Plan:
         pf = int(self.mmq_prefetch and l2_prefetch_pays(mats))
         for r0 in range(0, rows, MMQ_LAUNCH_ROWS):
             n = min(MMQ_LAUNCH_ROWS, rows - r0)
-            if norm is not None:  # "q" (norm_quantizable: one launch)
+            if norm is not None and norm.suffix == "q":  # (norm_quantizable: one launch)
                 xg = self._add_norm_quant(norm, rows, k, need)
             else:
                 xg = self._quantize_x(self.descs[first][1] + 4 * r0 * k, k, n, need)
