@@ -118,6 +118,13 @@ FORGE_DEV void mvq_load8(const float* p, float* v) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+FORGE_DEV void mvq_store8f(float* p, const float* v) {
+    F4 a, b;
+    a.x = v[0], a.y = v[1], a.z = v[2], a.w = v[3], b.x = v[4], b.y = v[5], b.z = v[6], b.w = v[7];
+    *(F4*)p = a;
+    *(F4*)(p + 4) = b;
+}
+
 // Quantize rows of x [R, K] into base + off1 (need bit 0) and base + off2 (need bit 1). Tasks of
 // 256 elements, one per 32-lane group (8 consecutive elements per lane): task0 + group, in steps.
 FORGE_DEV void mvq_quantize(const float* x, int K, int R, int need, u8* base, int off1, int off2,
@@ -572,13 +579,7 @@ FORGE_KERNEL void __launch_bounds__(512, 1)
             for (int e = 0; e < 8; ++e) {
                 v[t][e] = an_resid(v[t][e], ov[t][e], inv_o, wp[t][e], w_post != nullptr);
             }
-            if (k < K) {
-                F4 a, b;
-                a.x = v[t][0], a.y = v[t][1], a.z = v[t][2], a.w = v[t][3];
-                b.x = v[t][4], b.y = v[t][5], b.z = v[t][6], b.w = v[t][7];
-                *(F4*)(x + k) = a;
-                *(F4*)(x + k + 4) = b;
-            }
+            if (k < K) mvq_store8f(x + k, v[t]);
         }
     }
     float ss = 0.0f;
@@ -595,13 +596,7 @@ FORGE_KERNEL void __launch_bounds__(512, 1)
         if (256 * task < K) {  // the group's task (uniform over its lanes)
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[t][e] = an_out(v[t][e], inv, wn[t][e]);
-            if (h && k < K) {
-                F4 a, b;
-                a.x = v[t][0], a.y = v[t][1], a.z = v[t][2], a.w = v[t][3];
-                b.x = v[t][4], b.y = v[t][5], b.z = v[t][6], b.w = v[t][7];
-                *(F4*)(h + k) = a;
-                *(F4*)(h + k + 4) = b;
-            }
+            if (h && k < K) mvq_store8f(h + k, v[t]);
             mvq_quant8(v[t], r, k, k < K, K, R, need, xg, 0, off2);
         }
     }

@@ -51,3 +51,17 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     if not np.isfinite(out).all():
         return float("nan")
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def add_norm_ref(x, o, w_post, w_next, eps):
+    """add_norm in float64 over rows of x [R, K]: (x + rmsnorm(o) * w_post when w_post, x + o
+    when only o, x when neither; rmsnorm(that) * w_next)."""
+
+    def rms(v):
+        return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)
+
+    x64 = np.asarray(x, np.float64)
+    if o is not None:
+        o64 = np.asarray(o, np.float64)
+        x64 = x64 + (rms(o64) * w_post if w_post is not None else o64)
+    return x64, rms(x64) * w_next

@@ -23,7 +23,7 @@ from forge_hip.plan import (
 )
 from gguf import GGMLQuantizationType, quants
 
-from tests.gpu.helpers import rel_err
+from tests.gpu.helpers import add_norm_ref, rel_err
 from tests.quant_blocks import random_raw
 
 
@@ -464,15 +464,10 @@ def test_add_norm_quant(rt, lib, dev, R, K, need, form, tasks):
     threads = anq_threads(K) if tasks == "plan" else 32 * -(-K // 512)
     rt.launch(lib.get("add_norm_quant"), (R,), (threads,), args)
 
-    def rms(v):
-        return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)
-
-    x64, o64 = x.astype(np.float64), o.astype(np.float64)
-    if use_o:
-        x64 = x64 + (rms(o64) * wp if use_post else o64)
+    x64, h64 = add_norm_ref(x, o if use_o else None, wp if use_post else None, wn, eps)
     assert rel_err(dev.get(xd, (R, K)), x64) < 1e-6
     hk = dev.get(h, (R, K))
-    assert rel_err(hk, rms(x64) * wn) < 1e-6
+    assert rel_err(hk, h64) < 1e-6
     got, at = dev.get(xg, (nx,), np.uint8), 0
     for mode in (1, 2):
         if need & mode:

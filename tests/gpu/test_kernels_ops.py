@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.gpu.helpers import rel_err
+from tests.gpu.helpers import add_norm_ref, rel_err
 
 
 def test_rms_norm(rt, lib, dev):
@@ -117,14 +117,9 @@ def test_add_norm(rt, lib, dev, n, form):
     assert threads * 32 >= n and threads % rt.props.warp_size == 0
     rt.launch(lib.get("add_norm"), (rows,), (threads,), args)
 
-    def rms(v):
-        return v / np.sqrt((v**2).mean(axis=1, keepdims=True) + eps)
-
-    x64, o64 = x.astype(np.float64), o.astype(np.float64)
-    if use_o:
-        x64 = x64 + (rms(o64) * wp if use_post else o64)
+    x64, h64 = add_norm_ref(x, o if use_o else None, wp if use_post else None, wn, eps)
     assert rel_err(dev.get(xd, (rows, n)), x64) < 1e-6
     if use_next:
-        assert rel_err(dev.get(h, (rows, n)), rms(x64) * wn) < 1e-6
+        assert rel_err(dev.get(h, (rows, n)), h64) < 1e-6
     else:
         assert np.isnan(dev.get(h, (rows, n))).all()  # untouched poison

@@ -50,7 +50,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mvq_quant": ("mmv.hip", "ppiii"),
     "mvq_multi_r1n": ("mmv.hip", "piiiipiiipi" + "pppppf"),  # + add_norm's (mmv.hip MvqNorm)
     "mvq_glu_r1n": ("mmv.hip", "piiipiiipii" + "pppppf"),
-    # one row's add_norm writing x quantized for the next one-row product (xg)
+    # add_norm of R rows writing x quantized for the decode product that reads it (xg)
     "add_norm_quant": ("mmv.hip", "ppppppiif"),
     **{f"mmq_multi_m{mt}": ("mmq.hip", "piiiipiiiii") for mt in (1, 2)},
     **{f"mmq_glu_m{mt}": ("mmq.hip", "piiipiiiiii") for mt in (1, 2)},

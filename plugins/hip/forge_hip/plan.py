@@ -286,10 +286,10 @@ def mvq_lanes(
 
 @dataclass
 class Fused:
-    """The add_norm making a one-row product's x, left to that product's launch (mmv.hip):
-    suffix "n", computed by the product's kernel (args: MvqNorm's xin, o, w_post, w_next, xout,
-    eps); "q", launched just before it as add_norm_quant, which also quantizes x into ws.xq for
-    it (args: x, o, w_post, w_next, eps)."""
+    """The add_norm making a decode product's x, left to that product's launch: suffix "n"
+    (one row), computed by the product's mmv.hip kernel (args: MvqNorm's xin, o, w_post,
+    w_next, xout, eps); "q", launched just before it as add_norm_quant, which also quantizes x
+    into ws.xq for it (args: x, o, w_post, w_next, eps)."""
 
     suffix: str
     args: list
