@@ -183,8 +183,10 @@ def test_logprobs_match_float64_softmax(client, ref):
     np.testing.assert_allclose(lp.token_logprobs, want, atol=1e-3)
     for i, top in enumerate(lp.top_logprobs):  # keyed by text: byte tokens may share "\ufffd"
         assert 1 <= len(top) <= 3 and max(top.values()) == pytest.approx(logp[i].max(), abs=1e-3)
+    # sampled (default temperature): without the bias an EOS could end it before 3 tokens
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                          max_tokens=3, logprobs=True, top_logprobs=2)  # fmt: skip
+                                          max_tokens=3, logprobs=True, top_logprobs=2,
+                                          logit_bias=NO_EOS)  # fmt: skip
     content = chat.choices[0].logprobs.content
     assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
 
