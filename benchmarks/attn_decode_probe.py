@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 from forge_hip.library import ATT_THREADS, KERNELS, HipKernel, KernelLibrary  # noqa: E402
 from forge_hip.runtime import open_runtime  # noqa: E402
 
-from tests.gpu.helpers import Dev  # noqa: E402
 from tests.gpu.test_attention import Case  # noqa: E402
+from tests.support.gpu_helpers import Dev  # noqa: E402
 
 H, KVH, D, BS = 4, 1, 256, 16
 

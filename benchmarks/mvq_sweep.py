@@ -40,7 +40,7 @@ from forge_hip.plan import (  # noqa: E402
 from forge_hip.runtime import open_runtime  # noqa: E402
 from forge_hip.sources import load_source  # noqa: E402
 
-from tests.quant_blocks import random_raw  # noqa: E402
+from tests.support.quant_blocks import random_raw  # noqa: E402
 
 # (name, types, K, rows per matrix, glu, layers of the model using it)
 SHAPES = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.golden_rules import golden_path
+from tests.support.golden_rules import golden_path
 
 
 @pytest.fixture(scope="session")

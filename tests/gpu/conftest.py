@@ -7,7 +7,7 @@ import os
 import pytest
 
 from forge.errors import BackendUnavailableError
-from tests.gpu.helpers import Dev
+from tests.support.gpu_helpers import Dev
 
 
 def pytest_collection_modifyitems(items):

@@ -11,7 +11,7 @@ import pytest
 from forge_hip.library import ATT_THREADS, attn_decode_width
 from forge_hip.plan import qk_rope_blocks
 
-from tests.gpu.helpers import rel_err
+from tests.support.gpu_helpers import rel_err
 
 BS = 16  # positions per cache block
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu.helpers import rel_err
+from tests.support.gpu_helpers import rel_err
 
 AP_ROWS, AP_THREADS = 64, 128  # attn_prefill.hip's tile rows and block size
 

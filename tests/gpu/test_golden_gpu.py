@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import forge
-from tests.golden_rules import (
+from tests.support.golden_rules import (
     BOUNDS,
     ROOT,
     TIE,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from forge_hip.library import TYPE_IDS, TYPE_SUFFIX
 
-from tests.gpu.helpers import rel_err
-from tests.gpu.test_kernels_gemv import odd_k, random_weights
+from tests.support.gpu_helpers import rel_err
+from tests.support.mvq_cases import odd_k, random_weights
 
 GEMM_TYPES = [t for t in TYPE_SUFFIX if t != "F32"]  # F32 stays on mm_tiled
 

@@ -20,10 +20,9 @@ from forge_hip.plan import (
 from forge_hip.sources import load_source
 
 from forge.backend import SeqBatch
-from tests.golden_rules import BOUNDS, greedy_mismatches, logit_errors
-from tests.gpu.helpers import rel_err
-from tests.gpu.test_kernels_gemv import MvqCase, _act, mvq_k, quantize_x
-from tests.gpu.test_runner import _runner
+from tests.support.golden_rules import BOUNDS, greedy_mismatches, logit_errors
+from tests.support.gpu_helpers import golden_runner, rel_err
+from tests.support.mvq_cases import MvqCase, gated_act, mvq_k, quantize_x
 
 
 def launch_mmq(
@@ -106,7 +105,7 @@ def test_mmq_gated(rt, lib, dev, types, act, R):
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, types, R, mvq_k(types), [53, 53], bias=act == 1)
     launch_mmq(rt, lib, dev, case, act=act, grid=4)
-    assert rel_err(case.out(0), _act(case.ref(0), act) * case.ref(1)) < 1e-5
+    assert rel_err(case.out(0), gated_act(case.ref(0), act) * case.ref(1)) < 1e-5
 
 
 @pytest.mark.parametrize("act", [None, 0])
@@ -123,7 +122,7 @@ def test_mmq_prefetch_changes_no_output_bit(rt, lib, dev, act):
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a, b)
-    ref = _act(case.ref(0), act) * case.ref(1) if act is not None else case.ref(0)
+    ref = gated_act(case.ref(0), act) * case.ref(1) if act is not None else case.ref(0)
     assert rel_err(outs[0][0], ref) < 1e-5
 
 
@@ -135,7 +134,7 @@ def test_mmq_gated_64_row_launches_and_warp_splits(rt, lib, dev, R, ks):
     rng = np.random.default_rng()
     case = MvqCase(dev, rng, ("Q4_K", "Q6_K"), R, mvq_k(("Q4_K", "Q6_K")), [45, 45], bias=True)
     launch_mmq(rt, lib, dev, case, act=1, ks=ks, grid=3)
-    assert rel_err(case.out(0), _act(case.ref(0), 1) * case.ref(1)) < 1e-5
+    assert rel_err(case.out(0), gated_act(case.ref(0), 1) * case.ref(1)) < 1e-5
 
 
 @pytest.mark.parametrize("R", [17, 24, 32])
@@ -152,7 +151,9 @@ def test_m1_row_halves_match_one_m2_launch_bit_for_bit(rt, lib, dev, R):
         launch_mmq(rt, lib, dev, case, act=act, ks=2, shape=(2, 1))
         one = [case.out(j).copy() for j in range(len(types))]
         assert (
-            rel_err(one[0], case.ref(0) if act is None else _act(case.ref(0), act) * case.ref(1))
+            rel_err(
+                one[0], case.ref(0) if act is None else gated_act(case.ref(0), act) * case.ref(1)
+            )
             < 1e-5
         )
         for y, w in zip(case.y, case.W):  # poisoned again: the halves must write every output
@@ -192,7 +193,7 @@ def test_many_row_decode_step_matches_one_row_steps(rt, golden_dir, name):
     int8 rounding of a later layer's activations (a step of 1/127 of a block's peak): then the
     row still meets the golden bounds and greedy picks differ only at near ties. mmq must have
     run."""
-    runner = _runner(rt, golden_dir, name)
+    runner = golden_runner(rt, golden_dir, name)
     runner.plan.round_prefill = True
     launched = []
     launch = runner.plan.launch

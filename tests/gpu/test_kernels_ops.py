@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.gpu.helpers import add_norm_ref, rel_err
+from tests.support.gpu_helpers import add_norm_ref, rel_err
 
 
 def test_rms_norm(rt, lib, dev):

@@ -9,32 +9,15 @@ import pytest
 import forge
 from forge.backend import SeqBatch
 from forge.errors import ContextOverflowError, ForgeRuntimeError, OutOfMemoryError
-from forge.gguf import open_gguf
 from forge.kernels import KernelSpec
-from forge.models import build_spec
 from forge.plugins import get_plugin_manager
-from tests.golden_rules import BOUNDS, greedy_mismatches, logit_errors
-
-
-def _model(golden_dir, name):
-    path = str(golden_dir / "models" / name)
-    gguf = open_gguf(path)
-    return path, gguf, build_spec(gguf)
-
-
-def _runner(rt, golden_dir, name, kernels=None):
-    from forge_hip.runner import HipRunner
-
-    _, gguf, spec = _model(golden_dir, name)
-    runner = HipRunner(spec, gguf, kernels or get_plugin_manager().kernels, runtime=rt)
-    runner.plan.round_prefill = False  # the same float math on every path: tight comparisons
-    runner.allocate_kv(64, 16)
-    return runner
+from tests.support.golden_rules import BOUNDS, greedy_mismatches, logit_errors
+from tests.support.gpu_helpers import golden_model, golden_runner
 
 
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
 def test_mixed_batch_and_graph_decode_match_prefill(rt, golden_dir, name):
-    runner = _runner(rt, golden_dir, name)
+    runner = golden_runner(rt, golden_dir, name)
     try:
         rng = np.random.default_rng()
         v = runner.spec.n_vocab
@@ -78,7 +61,7 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
     and a prefill; the same key and counter give the same ids."""
     from forge.backend import DeviceSampling, sample_host
 
-    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
         rng = np.random.default_rng()
         v = runner.spec.n_vocab
@@ -112,7 +95,7 @@ def test_started_step_is_read_when_collected(rt, golden_dir):
     also when another pass runs before they are collected (the runner reads them first)."""
     from forge.backend import DeviceSampling
 
-    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
         rng = np.random.default_rng()
         v = runner.spec.n_vocab
@@ -170,7 +153,7 @@ def test_fed_steps_equal_steps_fed_from_the_host(rt, golden_dir):
     previous step's pick (read only afterwards), pick what steps fed from the host pick:
     greedy and seeded sampling rows; 3 rows (decode graphs, fed on the device) and 70 (passes,
     whose picks are read before the next step)."""
-    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
         runner.allocate_kv(80, 16)
         rng = np.random.default_rng()
@@ -221,8 +204,8 @@ def test_replacement_matmul_kernel_is_used(rt, golden_dir):
             table.add(k)
     custom = HipKernel("matvec.hip", "matvec_q8_0", "pppii")
     table.add(KernelSpec("hip", "matmul", "Q8_0", custom, priority=10, plugin="test"))
-    base = _runner(rt, golden_dir, "llama-q8_0.gguf")
-    repl = _runner(rt, golden_dir, "llama-q8_0.gguf", table)
+    base = golden_runner(rt, golden_dir, "llama-q8_0.gguf")
+    repl = golden_runner(rt, golden_dir, "llama-q8_0.gguf", table)
     try:
         assert all(impl == custom for _, impl in repl.plan.mats)
         ids = np.arange(1, 12, dtype=np.int32)
@@ -237,7 +220,7 @@ def test_replacement_matmul_kernel_is_used(rt, golden_dir):
 
 
 def test_bad_batches_raise_typed_errors(rt, golden_dir):
-    runner = _runner(rt, golden_dir, "llama-q4_0.gguf")
+    runner = golden_runner(rt, golden_dir, "llama-q4_0.gguf")
     try:
         with pytest.raises(ContextOverflowError):
             runner.forward([SeqBatch(np.arange(20, dtype=np.int32), 0, np.array([0], np.int32))])
@@ -282,7 +265,7 @@ class _Counting:
 def test_preflight_refuses_with_numbers_and_load_falls_back(rt, golden_dir, monkeypatch):
     from forge_hip.runner import HipRunner
 
-    path, gguf, spec = _model(golden_dir, "llama-f32.gguf")
+    path, gguf, spec = golden_model(golden_dir, "llama-f32.gguf")
     fake = _Counting(rt, free_bytes=64 << 20)
     with pytest.raises(OutOfMemoryError, match=r"MiB.*weights.*only 64 MiB are free"):
         HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=fake)
@@ -295,7 +278,7 @@ def test_preflight_refuses_with_numbers_and_load_falls_back(rt, golden_dir, monk
 def test_failure_mid_load_frees_everything(rt, golden_dir):
     from forge_hip.runner import HipRunner
 
-    _, gguf, spec = _model(golden_dir, "qwen3-q8_0.gguf")
+    _, gguf, spec = golden_model(golden_dir, "qwen3-q8_0.gguf")
     fake = _Counting(rt, fail_upload_at=5)
     with pytest.raises(ForgeRuntimeError, match="injected"):
         HipRunner(spec, gguf, get_plugin_manager().kernels, runtime=fake)
@@ -367,7 +350,7 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
     """Batch-1 decode steps whose add_norms run inside the products (mvq_*_r1n, the residual
     alternating buffers) give exactly the logits of the same steps with separate add_norm
     launches (both compute add_norm.h's arithmetic in one warp)."""
-    runner = _runner(rt, golden_dir, name)
+    runner = golden_runner(rt, golden_dir, name)
     runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
     runner.plan.quant_norm = False  # (which would take these add_norms first)
     try:
@@ -392,7 +375,7 @@ def test_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, na
     may differ in its last bits, and an int8 rounding of x may then move by one step (1/127 of
     a block's peak): that row still meets the golden bounds, and greedy picks differ only at
     near ties."""
-    runner = _runner(rt, golden_dir, name)
+    runner = golden_runner(rt, golden_dir, name)
     runner.plan.round_prefill = True
     runner.plan.fuse_norm = False
     try:
@@ -418,7 +401,7 @@ def test_prepared_pass_graphs_match_launches(rt, golden_dir):
     same pass launched kernel by kernel gives: a prompt alone, and a prompt beside decode rows."""
     from forge_hip.runner import PASS_GRAPH_ROWS
 
-    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
         runner.prepare_batches(4)
         rng = np.random.default_rng()
@@ -452,7 +435,7 @@ def test_prepared_wide_decode_graphs_match_launches(rt, golden_dir):
     """A decode step of more sequences than the decode graphs take (70 rows: a pass of one
     token per sequence, captured by prepare_batches) gives the logits of the same step launched
     kernel by kernel."""
-    runner = _runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
         runner.allocate_kv(256, 16)
         runner.prepare_batches(80)

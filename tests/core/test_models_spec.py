@@ -12,7 +12,8 @@ from gguf import GGUFValueType as V
 from forge.errors import GGUFFormatError, ModelError, UnsupportedModelError
 from forge.gguf import open_gguf
 from forge.models import build_spec, expected_shapes
-from tests.gguf_factory import rewrite_gguf
+from tests.support.gguf_factory import rewrite_gguf
+from tests.support.golden_rules import golden_model_files
 
 SRC = "llama-q8_0.gguf"
 
@@ -70,7 +71,8 @@ def test_architecture_flags(golden_dir, model, flags):
 
 
 def test_every_golden_model_builds(golden_dir):
-    for path in sorted((golden_dir / "models").glob("*.gguf")):
+    for name in golden_model_files():
+        path = golden_dir / "models" / name
         g = open_gguf(path)
         spec = build_spec(g)
         for name, shape in expected_shapes(spec).items():

@@ -1,8 +1,13 @@
-"""Helpers for GPU tests: device buffers with poisoned outputs, relative error."""
+"""Helpers for GPU tests: device buffers with poisoned outputs, relative error, runners of the
+golden models."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from forge.gguf import open_gguf
+from forge.models import build_spec
+from forge.plugins import get_plugin_manager
 
 
 class Dev:
@@ -65,3 +70,19 @@ def add_norm_ref(x, o, w_post, w_next, eps):
         o64 = np.asarray(o, np.float64)
         x64 = x64 + (rms(o64) * w_post if w_post is not None else o64)
     return x64, rms(x64) * w_next
+
+
+def golden_model(golden_dir, name):
+    path = str(golden_dir / "models" / name)
+    gguf = open_gguf(path)
+    return path, gguf, build_spec(gguf)
+
+
+def golden_runner(rt, golden_dir, name, kernels=None):
+    from forge_hip.runner import HipRunner
+
+    _, gguf, spec = golden_model(golden_dir, name)
+    runner = HipRunner(spec, gguf, kernels or get_plugin_manager().kernels, runtime=rt)
+    runner.plan.round_prefill = False  # the same float math on every path: tight comparisons
+    runner.allocate_kv(64, 16)
+    return runner

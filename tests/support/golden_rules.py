@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def golden_path() -> Path | None:
@@ -19,10 +19,15 @@ def golden_path() -> Path | None:
     return None
 
 
-def golden_model_files() -> list[str]:
-    """File names of the golden models (empty when the golden data is missing)."""
+def golden_model_files(index: str = "synthetic.json") -> list[str]:
+    """File names of the golden models an index file (synthetic.json: the dense ones, moe.json:
+    the mixtures of experts) holds references for; empty when the golden data is missing."""
+    import json
+
     golden = golden_path()
-    return sorted(p.name for p in (golden / "models").glob("*.gguf")) if golden else []
+    if golden is None or not (golden / index).exists():
+        return []
+    return sorted(m["model"] for m in json.loads((golden / index).read_text())["models"])
 
 
 # (max, mean) bounds of err = |ours - ref| / std(ref row), by weight class.

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_server import MODEL, Server
+from tests.support.server import MODEL, Server
 
 pytest.importorskip("fastapi")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds processes through /proc")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import forge
-from tests.golden_rules import (
+from tests.support.golden_rules import (
     BOUNDS,
     check_default_model,
     golden_model_files,

@@ -16,8 +16,8 @@ from forge_hip.arena import device_rows
 from forge_hip.library import TYPE_SUFFIX
 from gguf import GGMLQuantizationType, quants
 
-from tests.host_cxx import build_host_library
-from tests.quant_blocks import random_raw
+from tests.support.host_cxx import build_host_library
+from tests.support.quant_blocks import random_raw
 
 HARNESS = """
 #define FORGE_HOST 1

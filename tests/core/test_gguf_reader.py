@@ -20,7 +20,7 @@ from gguf import GGUFValueType as V
 
 from forge.errors import GGUFFormatError, UnsupportedModelError
 from forge.gguf import SUPPORTED_TYPES, open_gguf
-from tests.gguf_factory import quantized, tiny_model, write_gguf
+from tests.support.gguf_factory import quantized, tiny_model, write_gguf
 
 SCALARS = [
     ("u8", 250, V.UINT8), ("i8", -100, V.INT8), ("u16", 65000, V.UINT16), ("i16", -32000, V.INT16),

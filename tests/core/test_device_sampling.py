@@ -203,7 +203,7 @@ def test_hip_runner_writes_sampling_parameters(golden_dir):
     from forge.gguf import open_gguf
     from forge.models import build_spec
     from forge.plugins import get_plugin_manager
-    from tests.test_hip_runner_host import FakeRuntime
+    from tests.support.fake_runtime import FakeRuntime
 
     gguf = open_gguf(str(golden_dir / "models" / "gemma3-q4_k_m.gguf"))
     rt = FakeRuntime()

@@ -15,8 +15,8 @@ import pytest
 from forge_hip.arena import device_rows
 from forge_hip.library import ROUND_MODE, TYPE_IDS
 
-from tests.gpu.test_kernels_gemv import random_weights, round_acts
-from tests.host_cxx import build_host_library
+from tests.support.host_cxx import build_host_library
+from tests.support.mvq_cases import random_weights, round_acts
 
 HARNESS = """
 #define FORGE_HOST 1

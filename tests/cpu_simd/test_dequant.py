@@ -10,6 +10,7 @@ from gguf.quants import dequantize as reference
 
 from forge.errors import GGUFFormatError, UnsupportedModelError, UsageError
 from forge.gguf import SUPPORTED_TYPES, block_geometry, open_gguf
+from tests.support.golden_rules import golden_model_files
 
 # Byte offsets of the f16 scale fields in one block (as in shared/tools/gguf_twin.py): random
 # bytes there could be inf/nan, so they are set to small finite values like real scales.
@@ -88,7 +89,7 @@ def test_row_slices_and_chunks_equal_the_whole():
 
 
 def golden_models(golden_dir):
-    return sorted((golden_dir / "models").glob("*.gguf"))
+    return [golden_dir / "models" / name for name in golden_model_files()]
 
 
 def test_golden_models_match_reference(golden_dir):

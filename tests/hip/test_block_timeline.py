@@ -8,7 +8,7 @@ from pathlib import Path
 
 from forge_hip.sources import kernel_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import block_timeline  # noqa: E402
 
 

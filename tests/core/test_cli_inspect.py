@@ -17,7 +17,7 @@ import forge
 from forge.cli import main
 from forge.devices import BackendProbe
 from forge.plugins import PluginManager, PluginWarning
-from tests.gguf_factory import rewrite_gguf
+from tests.support.gguf_factory import rewrite_gguf
 
 SRC = "llama-q8_0.gguf"
 

@@ -24,7 +24,7 @@ from forge.errors import ForgeError
 from forge.gguf import open_gguf
 from forge.models import build_spec
 from forge.tokenizer import tokenizer_from_metadata
-from tests.gguf_factory import read_source, tiny_model, write_gguf
+from tests.support.gguf_factory import read_source, tiny_model, write_gguf
 
 SEED = 20261121
 CASES_PER_MODEL = {"truncate": 70, "flip": 90, "field": 90}
