@@ -17,11 +17,14 @@ hook raises is never dropped silently: it gets a `PluginInfo` with the error (sh
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import importlib
 import logging
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -162,6 +165,7 @@ class PluginManager:
             self.pm.register(plugin, name)
         except Exception as exc:  # pluggy.PluginValidationError, duplicate name, ...
             return self._fail(info, f"registration failed: {_exc(exc)}")
+        self._attribute(plugin, name)
         info.hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or [])
         for hook in info.hooks:
             if getattr(self.pm.hook, hook).spec is None:
@@ -195,26 +199,44 @@ class PluginManager:
 
     # --- collection ------------------------------------------------------------------------
     def _run_hook(self, hook_name: str, **kwargs: Any) -> list[tuple[str, tuple, dict]]:
-        """Call one hook plugin by plugin, so that a failure is charged to the plugin that raised.
+        """Call one hook through pluggy (its ordering, `tryfirst`/`trylast`, wrappers and
+        results as pluggy documents them), charging a failure to the plugin that raised.
 
-        For collection hooks (`register` callbacks) the calls a plugin made are kept only if its
-        hook returned normally. Returns (plugin name, args, kwargs) per register call.
+        `_attribute` wraps every hook implementation at registration: while it runs, the
+        `register` callback given here knows whose calls it receives, and an implementation
+        that raises is reported and contributes nothing (its register calls are dropped; the
+        other plugins' hooks still run). Returns (plugin name, args, kwargs) per register call,
+        in registration order: pluggy calls the last registered plugin (or a `tryfirst` one)
+        first, so the plugins' blocks of calls are reversed, and a later plugin's registrations
+        come after (and win ties over) an earlier one's.
         """
-        calls: list[tuple[str, tuple, dict]] = []
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            mine: list[tuple[tuple, dict]] = []
+        blocks: list[tuple[str, list[tuple[str, tuple, dict]]]] = []
 
-            def register(*args: Any, _mine: list = mine, **kw: Any) -> None:
-                _mine.append((args, kw))
+        def register(*args: Any, **kw: Any) -> None:
+            plugin = _CURRENT_PLUGIN.get()
+            if not blocks or blocks[-1][0] != plugin:
+                blocks.append((plugin, []))
+            blocks[-1][1].append((plugin, args, kw))
 
-            given = {**kwargs, "register": register}
-            try:
-                impl.function(*[given[a] for a in impl.argnames])
-            except Exception as exc:
-                self._plugin_error(impl.plugin_name, f"hook {hook_name} raised {_exc(exc)}")
-                continue
-            calls.extend((impl.plugin_name, a, k) for a, k in mine)
-        return calls
+        failed: list[str] = []
+        token = _FAILED.set(failed)
+        try:
+            getattr(self.pm.hook, hook_name)(**{**kwargs, "register": register})
+        except Exception as exc:  # a wrapper that raised: pluggy ends the call with it
+            plugin = getattr(exc, _FORGE_PLUGIN, "")
+            failed.append(plugin)
+            self._plugin_error(plugin, f"hook {hook_name} raised {_exc(exc)}")
+        finally:
+            _FAILED.reset(token)
+        return [c for plugin, calls in reversed(blocks) if plugin not in failed for c in calls]
+
+    def _attribute(self, plugin: Any, name: str) -> None:
+        """Wrap `plugin`'s hook implementations (see `_run_hook`)."""
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    impl.function = _attributed(impl.function, name, caller.name, self,
+                                                impl.wrapper or impl.hookwrapper)  # fmt: skip
 
     def _plugin_error(self, plugin: str, message: str) -> None:
         info = self.infos.setdefault(plugin, PluginInfo(plugin, "inline"))
@@ -337,6 +359,73 @@ class PluginManager:
     def notify(self, hook_name: str, **kwargs: Any) -> None:
         """Call a lifecycle hook on every plugin; a plugin that raises is reported, not fatal."""
         self._run_hook(hook_name, **kwargs)
+
+
+_CURRENT_PLUGIN: contextvars.ContextVar[str] = contextvars.ContextVar("forge_plugin", default="")
+_FAILED: contextvars.ContextVar[list[str]] = contextvars.ContextVar("forge_failed")
+
+
+@contextlib.contextmanager
+def _charged_to(plugin: str) -> Iterator[None]:
+    """Run with `_CURRENT_PLUGIN` set; an error leaving it names the plugin (`_FORGE_PLUGIN`)
+    unless an inner one already did."""
+    token = _CURRENT_PLUGIN.set(plugin)
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, StopIteration | GeneratorExit) and not hasattr(exc, _FORGE_PLUGIN):
+            setattr(exc, _FORGE_PLUGIN, plugin)
+        raise
+    finally:
+        _CURRENT_PLUGIN.reset(token)
+
+
+_FORGE_PLUGIN = "_forge_plugin"
+
+
+def _attributed(function: Any, plugin: str, hook: str, manager: PluginManager, wrapper: bool):
+    """`function` (a hook implementation of `plugin`) run with `_CURRENT_PLUGIN` set to the
+    plugin; a plain implementation that raises is reported and returns None, so pluggy goes on
+    with the next one. A wrapper's generator keeps pluggy's semantics (its error ends the call,
+    reported by `_run_hook`)."""
+    if wrapper:
+
+        @functools.wraps(function)
+        def wrapped_gen(*args: Any, **kwargs: Any) -> Any:
+            with _charged_to(plugin):
+                gen = function(*args, **kwargs)
+                step = next(gen)
+            while True:
+                try:
+                    sent = yield step
+                except BaseException as exc:
+                    resume, value = gen.throw, exc
+                else:
+                    resume, value = gen.send, sent
+                try:
+                    with _charged_to(plugin):
+                        step = resume(value)
+                except StopIteration as stop:  # the wrapper returned (its result for pluggy)
+                    return stop.value
+
+        return wrapped_gen
+
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        token = _CURRENT_PLUGIN.set(plugin)
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            failed = _FAILED.get(None)
+            if failed is None:  # called outside _run_hook (pm.hook.<name>(...) directly)
+                raise
+            failed.append(plugin)
+            manager._plugin_error(plugin, f"hook {hook} raised {_exc(exc)}")
+            return None
+        finally:
+            _CURRENT_PLUGIN.reset(token)
+
+    return wrapped
 
 
 def _major(version: Any) -> int | None:

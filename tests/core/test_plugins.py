@@ -117,6 +117,56 @@ def test_hook_that_raises_is_charged_to_its_plugin_and_contributes_nothing(pm):
     assert pm.infos["good"].status == "loaded"
 
 
+def test_hooks_run_through_pluggy_wrappers_and_ordering(pm):
+    """A wrapper runs around every other implementation and sees their (None) results; a
+    tryfirst implementation is called before the others, as pluggy documents."""
+    seen = []
+
+    class Wrapper:
+        @forge.hookimpl(wrapper=True)
+        def forge_register_kernels(self, register):
+            seen.append("wrapper before")
+            results = yield
+            seen.append(f"wrapper after {len(results)} results")
+            return results
+
+    class First:
+        @forge.hookimpl(tryfirst=True)
+        def forge_register_kernels(self, register):
+            seen.append("first")
+            register("cpu_simd", "rms_norm", "*", "first-impl", priority=5)
+
+    class Plain:
+        @forge.hookimpl
+        def forge_register_kernels(self, register):
+            seen.append("plain")
+
+    pm.register(Wrapper(), "wrapper")
+    pm.register(Plain(), "plain")
+    pm.register(First(), "first")
+    kernel = pm.kernels.get("cpu_simd", "rms_norm")
+    assert (kernel.impl, kernel.plugin) == ("first-impl", "first")
+    assert seen[:2] == ["wrapper before", "first"] and "plain" in seen
+    assert seen[-1] == "wrapper after 0 results"
+
+
+def test_wrapper_that_raises_is_charged_to_its_plugin(pm):
+    class BadWrapper:
+        @forge.hookimpl(wrapper=True)
+        def forge_register_backends(self, register):
+            yield
+            raise RuntimeError("wrapper bug")
+
+    pm.register(BadWrapper(), "bad-wrapper")
+    with pytest.warns(PluginWarning, match="wrapper bug"):
+        pm.backends  # noqa: B018 - collecting runs the hooks
+    assert pm.infos["bad-wrapper"].status == "error"
+    assert (
+        "forge_register_backends raised RuntimeError: wrapper bug"
+        in (pm.infos["bad-wrapper"].errors[0])
+    )
+
+
 @pytest.mark.parametrize("declared", [HOOK_API_VERSION + 1, 0, "99.1", "garbage"])
 def test_hook_api_version_mismatch_is_refused(pm, declared):
     plugin = types.SimpleNamespace(FORGE_HOOK_API=declared)
