@@ -69,7 +69,9 @@ def copy_bandwidth(rt, nbytes: int = 2 << 30, reps: int = 10) -> float:
 
 def bytes_per_token(spec, gguf) -> int:
     """Weight bytes one decode token reads: every layer matrix and the output head."""
-    names = [n for n in spec.weight_names() if n != "token_embd.weight" or spec.tied_output]
+    from forge.models.weights import model_weights
+
+    names = [n for n in model_weights(spec) if n != "token_embd.weight" or spec.tied_output]
     return sum(gguf.tensors[n].nbytes for n in names)
 
 

@@ -10,7 +10,8 @@ from forge.errors import ModelError, UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.models import gemma3, llama, qwen2, qwen3
 from forge.models.metadata import ArchMetadata
-from forge.models.spec import LayerSpec, ModelSpec
+from forge.models.spec import Attention, DenseFFN, LayerSpec, ModelSpec
+from forge.models.weights import expected_shapes
 
 ARCHITECTURES: dict[str, Callable[[ArchMetadata], ModelSpec]] = {
     "llama": llama.build_spec,
@@ -51,29 +52,6 @@ def build_spec(gguf: GGUFFile) -> ModelSpec:
     return spec
 
 
-def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """GGML-order shapes (row length first) of every weight the spec needs."""
-    e, q, kv = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    v = spec.n_head_kv * spec.head_dim_v
-    per_layer = {
-        "attn_norm": (e,), "attn_q": (e, q), "attn_k": (e, kv), "attn_v": (e, v),
-        "attn_output": (spec.n_head * spec.head_dim_v, e), "ffn_norm": (e,),
-        "ffn_gate": (e, spec.n_ff), "ffn_up": (e, spec.n_ff), "ffn_down": (spec.n_ff, e),
-        "attn_q_norm": (spec.head_dim,), "attn_k_norm": (spec.head_dim,),
-        "post_attention_norm": (e,), "post_ffw_norm": (e,),
-    }  # fmt: skip
-    shapes = {"token_embd.weight": (e, spec.n_vocab), "output_norm.weight": (e,)}
-    if not spec.tied_output:
-        shapes["output.weight"] = (e, spec.n_vocab)
-    for i in range(spec.n_layer):
-        for stem in spec.layer_weights():
-            shapes[f"blk.{i}.{stem}.weight"] = per_layer[stem]
-        if spec.qkv_bias:
-            shapes.update({f"blk.{i}.attn_q.bias": (q,), f"blk.{i}.attn_k.bias": (kv,),
-                           f"blk.{i}.attn_v.bias": (v,)})  # fmt: skip
-    return shapes
-
-
 def check_tensors(spec: ModelSpec, gguf: GGUFFile) -> None:
     for name, shape in expected_shapes(spec).items():
         info = gguf.tensors.get(name)
@@ -86,4 +64,12 @@ def check_tensors(spec: ModelSpec, gguf: GGUFFile) -> None:
             )
 
 
-__all__ = ["ARCHITECTURES", "LayerSpec", "ModelSpec", "build_spec", "expected_shapes"]
+__all__ = [
+    "ARCHITECTURES",
+    "Attention",
+    "DenseFFN",
+    "LayerSpec",
+    "ModelSpec",
+    "build_spec",
+    "expected_shapes",
+]

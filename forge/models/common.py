@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from forge.models.metadata import ArchMetadata
-from forge.models.spec import LayerSpec
+from forge.models.spec import DenseFFN, LayerSpec
 
 
 def base_fields(m: ArchMetadata) -> dict[str, Any]:
@@ -24,13 +24,17 @@ def base_fields(m: ArchMetadata) -> dict[str, Any]:
         "n_head_kv": m.count("attention.head_count_kv", n_head),
         "head_dim": head_dim,
         "head_dim_v": m.count("attention.value_length", head_dim),
-        "n_ff": m.count("feed_forward_length"),
         "n_ctx_train": m.count("context_length"),
         "rms_eps": m.float("attention.layer_norm_rms_epsilon"),
         "rope_dim": m.count("rope.dimension_count", head_dim),
         "attn_scale": 1.0 / math.sqrt(head_dim),
         "tied_output": "output.weight" not in m.gguf.tensors,
     }
+
+
+def dense_ffn(m: ArchMetadata, **fields: Any) -> DenseFFN:
+    """The gated FFN of `feed_forward_length` (other fields: DenseFFN's)."""
+    return DenseFFN(n_ff=m.count("feed_forward_length"), **fields)
 
 
 def uniform_layers(m: ArchMetadata, n_layer: int, default_base: float = 10000.0) -> tuple:

@@ -8,9 +8,9 @@ base and linear scaling.
 
 import math
 
-from forge.models.common import base_fields, rope_scale
+from forge.models.common import base_fields, dense_ffn, rope_scale
 from forge.models.metadata import ArchMetadata
-from forge.models.spec import LayerSpec, ModelSpec
+from forge.models.spec import Attention, LayerSpec, ModelSpec
 
 SLIDING_PATTERN = 6
 SLIDING_ROPE_BASE = 10000.0
@@ -29,8 +29,7 @@ def build_spec(m: ArchMetadata) -> ModelSpec:
         **fields,
         layers=layers,
         rope_neox=True,
-        qk_norm=True,
-        post_norms=True,
-        activation="gelu_tanh",
+        attention=Attention(qk_norm=True, post_norm=True),
+        ffn=dense_ffn(m, activation="gelu_tanh", post_norm=True),
         embed_scale=math.sqrt(fields["n_embd"]),
     )

@@ -1,12 +1,16 @@
 """Qwen2: biases on the Q/K/V projections and NeoX-style RoPE."""
 
-from forge.models.common import base_fields, uniform_layers
+from forge.models.common import base_fields, dense_ffn, uniform_layers
 from forge.models.metadata import ArchMetadata
-from forge.models.spec import ModelSpec
+from forge.models.spec import Attention, ModelSpec
 
 
 def build_spec(m: ArchMetadata) -> ModelSpec:
     fields = base_fields(m)
     return ModelSpec(
-        **fields, layers=uniform_layers(m, fields["n_layer"]), rope_neox=True, qkv_bias=True
+        **fields,
+        rope_neox=True,
+        attention=Attention(qkv_bias=True),
+        ffn=dense_ffn(m),
+        layers=uniform_layers(m, fields["n_layer"]),
     )

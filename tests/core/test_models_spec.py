@@ -11,7 +11,7 @@ from gguf import GGUFValueType as V
 
 from forge.errors import GGUFFormatError, ModelError, UnsupportedModelError
 from forge.gguf import open_gguf
-from forge.models import build_spec, expected_shapes
+from forge.models import Attention, DenseFFN, build_spec, expected_shapes
 from tests.support.gguf_factory import rewrite_gguf
 from tests.support.golden_rules import golden_model_files
 
@@ -41,28 +41,33 @@ def test_llama_spec_matches_its_metadata(golden_dir):
     md = g.metadata
     assert spec.arch == "llama" and spec.name == md["general.name"]
     assert spec.n_vocab == len(md["tokenizer.ggml.tokens"]) == 535
-    assert (spec.n_embd, spec.n_layer, spec.n_ff) == (256, 2, 512)
+    assert (spec.n_embd, spec.n_layer, spec.ffn.n_ff) == (256, 2, 512)
     assert (spec.n_head, spec.n_head_kv, spec.head_dim, spec.head_dim_v) == (4, 2, 64, 64)
     assert spec.rms_eps == pytest.approx(1e-6)
     assert spec.attn_scale == pytest.approx(1 / math.sqrt(64))
-    assert not spec.tied_output and not spec.qkv_bias and not spec.rope_neox
+    assert not spec.tied_output and not spec.rope_neox
+    assert spec.attention == Attention() and spec.ffn == DenseFFN(n_ff=512, activation="silu")
     assert sorted(spec.weight_names()) == sorted(g.tensors)
 
 
 @pytest.mark.parametrize(
-    "model, flags",
+    "model, flags, attention, ffn",
     [
-        ("qwen2-q4_k.gguf", {"qkv_bias": True, "rope_neox": True, "tied_output": False}),
-        ("qwen3-q8_0.gguf", {"qk_norm": True, "rope_neox": True, "tied_output": True}),
-        ("gemma3-f16.gguf", {"qk_norm": True, "post_norms": True, "tied_output": True,
-                             "activation": "gelu_tanh", "embed_scale": 16.0}),
+        ("qwen2-q4_k.gguf", {"rope_neox": True, "tied_output": False},
+         Attention(qkv_bias=True), DenseFFN(n_ff=512)),
+        ("qwen3-q8_0.gguf", {"rope_neox": True, "tied_output": True},
+         Attention(qk_norm=True), DenseFFN(n_ff=512)),
+        ("gemma3-f16.gguf", {"tied_output": True, "embed_scale": 16.0},
+         Attention(qk_norm=True, post_norm=True),
+         DenseFFN(n_ff=512, activation="gelu_tanh", post_norm=True)),
     ],
 )  # fmt: skip
-def test_architecture_flags(golden_dir, model, flags):
+def test_architecture_parts(golden_dir, model, flags, attention, ffn):
     g = open_gguf(golden_dir / "models" / model)
     spec = build_spec(g)
     for key, value in flags.items():
         assert getattr(spec, key) == value, key
+    assert (spec.attention, spec.ffn) == (attention, ffn)
     assert set(spec.weight_names()) == set(g.tensors)
     if spec.arch == "gemma3":
         windows = [layer.sliding_window for layer in spec.layers]

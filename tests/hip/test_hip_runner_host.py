@@ -267,7 +267,9 @@ def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
         if n == "add_norm_quant":
             x, o, w_post, w_next, h, xg, k, need, _ = a
             assert (x, h, xg, k) == (ws.x, 0, ws.xq, runner.spec.n_embd)
-            assert o in (0, ws.o) and (w_post == 0) == (o == 0 or not runner.spec.post_norms)
+            assert o in (0, ws.o) and (w_post == 0) == (
+                o == 0 or not runner.spec.attention.post_norm
+            )
             nxt, args = calls[i + 1]  # the product reading it: xg given, the same copies of x
             assert nxt in ("mvq_multi_r1", "mvq_glu_r1")
             at = 0 if nxt == "mvq_multi_r1" else -1  # (the gated kernel has no count)
@@ -612,3 +614,26 @@ def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir
     longer = [SeqBatch(np.array([1, 2], np.int32), 0, np.arange(2, dtype=np.int32))]
     with pytest.raises(AssertionError, match="general path"):
         runner._prepare(chunk + longer, picks + [None], feed + [-1])
+
+
+@pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "qwen3-q8_0.gguf"])
+def test_arena_places_exactly_the_weight_table(golden_dir, name):
+    """The hip arena and plan read the model's weights from forge.models.weights: every row
+    present is placed (vectors widened to float32), nothing else."""
+    from forge.models.weights import model_weights
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, name, rt)
+    table = model_weights(runner.spec)
+    assert set(runner.arena.placed) == set(table)
+    gguf = open_gguf(golden_dir / "models" / name)
+    for n, w in table.items():
+        placed = runner.arena.placed[n]
+        if w.kind == "vector":
+            assert (placed.type, placed.k, placed.n) == ("F32", w.shape(runner.spec)[0], 1)
+        else:
+            assert (placed.type, placed.k, placed.n) == (
+                gguf.tensors[n].type,
+                *w.shape(runner.spec),
+            )
+    runner.close()

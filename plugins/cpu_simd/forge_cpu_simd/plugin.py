@@ -113,7 +113,7 @@ class CpuSimdBackend(Backend):
         return CpuRunner(spec, gguf, kernels, progress=progress)
 
     def memory_needed(self, spec: Any, gguf: Any, n_ctx: int) -> dict[str, int]:
-        from forge_cpu_simd.runner import weight_bytes
+        from forge_cpu_simd.loading import weight_bytes
 
         return {"weights": weight_bytes(spec, gguf), "kv_cache": n_ctx * spec.kv_bytes_per_token()}
 

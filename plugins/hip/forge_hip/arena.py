@@ -16,6 +16,7 @@ import numpy as np
 from forge.errors import OutOfMemoryError
 from forge.gguf import GGUFFile
 from forge.models.spec import ModelSpec
+from forge.models.weights import model_weights
 from forge_hip.runtime.base import DeviceBuffer, Runtime
 
 ALIGN = 256
@@ -25,11 +26,6 @@ MARGIN_FRACTION = 0.04  # ... or this share of the device, whichever is larger
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def is_vector(name: str) -> bool:
-    """Norm weights and biases: 1-D tensors the kernels read as float32."""
-    return name.endswith(".bias") or "norm" in name.rsplit(".", 2)[-2]
 
 
 def vector_f32(gguf: GGUFFile, name: str) -> np.ndarray:
@@ -102,14 +98,15 @@ class Placed:
         return self.n * self.row_bytes
 
 
-def layout(spec: ModelSpec, gguf: GGUFFile) -> tuple[dict[str, int], int]:
-    """Offsets of every weight in the arena and its total size."""
+def layout(spec: ModelSpec, gguf: GGUFFile) -> tuple[dict[str, tuple[int, bool]], int]:
+    """Offset of every weight in the arena, with whether it is a vector (a norm weight or a
+    bias: `forge.models.weights`), and the arena's total size."""
     offsets, at = {}, 0
-    for name in spec.weight_names():
+    for name, weight in model_weights(spec).items():
         info = gguf.tensors[name]
-        size = info.n_elements * 4 if is_vector(name) else info.nbytes
-        offsets[name] = at
-        at += align(size)
+        vector = weight.kind == "vector"
+        offsets[name] = at, vector
+        at += align(info.n_elements * 4 if vector else info.nbytes)
     return offsets, at
 
 
@@ -141,10 +138,10 @@ class WeightArena:
         self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
         self.placed: dict[str, Placed] = {}
         try:
-            for i, (name, off) in enumerate(offsets.items()):
+            for i, (name, (off, vector)) in enumerate(offsets.items()):
                 info = gguf.tensors[name]
                 ptr = self.buffer.ptr + off
-                if is_vector(name):
+                if vector:
                     data = vector_f32(gguf, name)
                     self.placed[name] = Placed(ptr, "F32", data.size, 1, data.size * 4)
                     rt.copy_to_device(ptr, data)

@@ -345,7 +345,7 @@ class Plan:
         self.layers = []
         for i in range(spec.n_layer):
             p = f"blk.{i}."
-            bias = {x: w[f"{p}attn_{x}.bias"].ptr if spec.qkv_bias else 0 for x in "qkv"}
+            bias = {x: w[f"{p}attn_{x}.bias"].ptr if spec.attention.qkv_bias else 0 for x in "qkv"}
             layer = {
                 "qkv": self._add([(p + "attn_q.weight", ws.h, ws.q, bias["q"]),
                                   (p + "attn_k.weight", ws.h, ws.k, bias["k"]),
@@ -595,7 +595,7 @@ class Plan:
     def glu(self, first: int, rows: int, norm: Fused | None = None) -> None:
         """g = act(h Wg^T) * (h Wu^T); `norm` as for matmul."""
         s, ws = self.spec, self.ws
-        act = 1 if s.activation == "gelu_tanh" else 0
+        act = 1 if s.ffn.activation == "gelu_tanh" else 0
         fused = all(impl == BUILTIN_MATMUL for _, impl in self.mats[first : first + 2])
         if fused and self._mmq_fits(first, 2, rows):
             self._mmq(first, 2, rows, act, norm)
@@ -604,7 +604,7 @@ class Plan:
             self._matvec(first, 2, rows, act, norm)
             return
         self.matmul(first, 2, rows)
-        n = rows * s.n_ff
+        n = rows * s.ffn.n_ff
         kernel = self.op["geglu" if act else "swiglu"]
         self.launch(kernel, (min(4096, -(-n // 256)),), (256,), [ws.g, ws.u, ws.g, n])
 

@@ -27,7 +27,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
     """Bytes of each workspace buffer."""
     s, r, o = spec, ROW_CAP, out_rows(spec)
     part_rows = PART_ROWS
-    widest = max(s.n_embd, s.n_ff, s.n_head * s.head_dim_v)
+    widest = max(s.n_embd, s.ffn.n_ff, s.n_head * s.head_dim_v)
     return {
         **{f"r{mode}": 4 * r * widest for mode in (1, 2, 3, 4)},  # rounded activations
         "x": 4 * r * s.n_embd,
@@ -38,8 +38,8 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "k": 4 * r * s.n_head_kv * s.head_dim,
         "v": 4 * r * s.n_head_kv * s.head_dim_v,
         "attn": 4 * r * s.n_head * s.head_dim_v,
-        "g": 4 * r * s.n_ff,
-        "u": 4 * r * s.n_ff,
+        "g": 4 * r * s.ffn.n_ff,
+        "u": 4 * r * s.ffn.n_ff,
         "part_o": 4 * part_rows * s.n_head * s.head_dim_v,
         "part_ml": 8 * part_rows * s.n_head,
         "att_cnt": 4 * r * s.n_head,  # attention's split counters (zero between launches)

@@ -1,0 +1,163 @@
+"""The transformer blocks of the cpu_simd forward pass, one class per part of `forge.models.spec`.
+
+Each block loads its part's weights (rows of `forge.models.weights`) and computes, for hidden
+states x [rows, n_embd], the residual stream after it. The runner holds one attention block and
+one FFN block per layer, the FFN block chosen by the type of `spec.ffn` (`FFN_BLOCKS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forge.models.spec import DenseFFN, LayerSpec, ModelSpec
+from forge_cpu_simd import ops
+from forge_cpu_simd.loading import WeightLoader
+
+
+@dataclass
+class Step:
+    """What every layer of one forward pass shares: the new rows' positions and cache slots,
+    each sequence's cache slots of positions 0 .. its last, and per-pass memos."""
+
+    pos: np.ndarray  # int64 [rows]: position of each new row
+    slots: np.ndarray  # int64 [rows]: cache slot each new row's K/V goes to
+    past: list[np.ndarray]  # per sequence: cache slots of its positions 0 .. last new one
+    every_row: list[np.ndarray]  # per sequence: its rows of the pass
+    rope: dict = field(default_factory=dict)  # (base, scale) -> (cos, sin) [rows, rope_dim/2]
+    keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
+
+    def rope_tables(self, spec: ModelSpec, layer: LayerSpec) -> tuple[np.ndarray, np.ndarray]:
+        key = (layer.rope_base, layer.rope_scale)
+        if key not in self.rope:
+            self.rope[key] = ops.rope_tables(self.pos, spec.rope_dim, *key)
+        return self.rope[key]
+
+
+class AttentionBlock:
+    """Grouped-query attention over the paged cache (`forge.models.spec.Attention`)."""
+
+    def __init__(self, spec: ModelSpec, layer: LayerSpec, load: WeightLoader, prefix: str, ops_):
+        a = spec.attention
+        self.spec, self.layer, self.ops = spec, layer, ops_
+        self.norm = load.vector(prefix + "attn_norm.weight")
+        self.qkv = load.linear([prefix + f"attn_{x}.weight" for x in "qkv"],
+                               [prefix + f"attn_{x}.bias" for x in "qkv"] if a.qkv_bias
+                               else None)  # fmt: skip
+        self.q_norm = load.vector(prefix + "attn_q_norm.weight") if a.qk_norm else None
+        self.k_norm = load.vector(prefix + "attn_k_norm.weight") if a.qk_norm else None
+        self.wo = load.linear([prefix + "attn_output.weight"])
+        self.post_norm = load.vector(prefix + "post_attention_norm.weight") if a.post_norm else None
+
+    def __call__(self, x, kc, vc, step: Step, queries: list[np.ndarray]) -> np.ndarray:
+        """The residual stream of the rows in `queries` after attention; K/V of every row of x
+        are stored into this layer's cache kc, vc first."""
+        s, n = self.spec, x.shape[0]
+        h = self.ops.rms_norm(x, self.norm, s.rms_eps)
+        q, k, v = self.qkv(h)
+        q = q.reshape(n, s.n_head, s.head_dim)  # [rows, H, D]
+        k = k.reshape(n, s.n_head_kv, s.head_dim)  # [rows, Hkv, D]
+        v = v.reshape(n, s.n_head_kv, s.head_dim_v)  # [rows, Hkv, Dv]
+        if self.q_norm is not None:
+            q = self.ops.rms_norm(q, self.q_norm, s.rms_eps)
+            k = self.ops.rms_norm(k, self.k_norm, s.rms_eps)
+        cos, sin = step.rope_tables(s, self.layer)
+        self.ops.rope(q, cos, sin, s.rope_neox)
+        self.ops.rope(k, cos, sin, s.rope_neox)
+        kc[step.slots] = k
+        vc[step.slots] = v
+        kept = np.concatenate(queries).astype(np.int64)
+        if kept.size == 0:
+            return x[:0]
+        attn = self._attend(q, kc, vc, step, queries)  # [kept, H, Dv]
+        o = self.wo(attn.reshape(kept.size, -1))
+        if self.post_norm is not None:
+            o = self.ops.rms_norm(o, self.post_norm, s.rms_eps)
+        return (x[kept] if kept.size != n else x) + o
+
+    def _attend(self, q, kc, vc, step: Step, queries: list[np.ndarray]) -> np.ndarray:
+        """Attention output [query rows, heads, Dv] of every sequence's query rows, in order.
+
+        Sequences with one query row (decode steps, the last layer of a prefill) go through
+        `decode_attention` together: one set of products instead of one per sequence.
+        """
+        s, window = self.spec, self.layer.sliding_window
+        sizes = [sel.size for sel in queries]
+        starts = np.cumsum([0] + sizes)
+        attn = np.empty((starts[-1], s.n_head, s.head_dim_v), np.float32)
+        singles = [i for i, n in enumerate(sizes) if n == 1]
+        if len(singles) < 2:
+            singles = []
+        if singles:
+            key = (window, tuple(singles))
+            if key not in step.keys:
+                step.keys[key] = _padded_keys(step.past, queries, step.pos, singles, window)
+            rows, past_slots, valid = step.keys[key]
+            attn[starts[singles]] = self.ops.decode_attention(
+                q[rows], kc, vc, past_slots, valid, s.attn_scale
+            )
+        single = set(singles)
+        for i, (seq_past, sel) in enumerate(zip(step.past, queries)):
+            if sel.size == 0 or i in single:
+                continue
+            attn[starts[i] : starts[i + 1]] = self.ops.attention(
+                q[sel], kc[seq_past], vc[seq_past], step.pos[sel], s.attn_scale, window
+            )
+        return attn
+
+    @property
+    def nbytes(self) -> int:
+        return weights_nbytes(self)
+
+
+class DenseFFNBlock:
+    """The gated feed-forward network (`forge.models.spec.DenseFFN`)."""
+
+    def __init__(self, spec: ModelSpec, load: WeightLoader, prefix: str, ops_):
+        f: DenseFFN = spec.ffn
+        self.eps, self.ops = spec.rms_eps, ops_
+        self.act = getattr(ops_, f.activation)
+        self.norm = load.vector(prefix + "ffn_norm.weight")
+        self.gate_up = load.linear([prefix + "ffn_gate.weight", prefix + "ffn_up.weight"])
+        self.down = load.linear([prefix + "ffn_down.weight"])
+        self.post_norm = load.vector(prefix + "post_ffw_norm.weight") if f.post_norm else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        h = self.ops.rms_norm(x, self.norm, self.eps)
+        gate, up = self.gate_up(h)
+        d = self.down(self.act(gate) * up)
+        if self.post_norm is not None:
+            d = self.ops.rms_norm(d, self.post_norm, self.eps)
+        return x + d
+
+    @property
+    def nbytes(self) -> int:
+        return weights_nbytes(self)
+
+
+def weights_nbytes(block) -> int:  # noqa: ANN001
+    """Bytes of the weights a block holds (its prepared matrices and vectors)."""
+    return sum(getattr(v, "nbytes", 0) for v in vars(block).values() if v is not block.ops)
+
+
+# FFN block class by the type of spec.ffn.
+FFN_BLOCKS = {DenseFFN: DenseFFNBlock}
+
+
+def _padded_keys(past, queries, pos, seqs, window):
+    """For the listed sequences' single query rows: those rows' indices, the cache slots
+    [len(seqs), T] of the keys each sees (causal and sliding-window limits applied), padded on
+    the right with slot 0, and their mask."""
+    rows = np.array([queries[i][0] for i in seqs])
+    spans = []
+    for i, p in zip(seqs, pos[rows].tolist()):
+        lo = 0 if window is None else max(0, p - window + 1)
+        spans.append(past[i][lo : p + 1])
+    width = max(len(span) for span in spans)
+    slots = np.zeros((len(spans), width), np.int64)
+    valid = np.zeros((len(spans), width), bool)
+    for r, span in enumerate(spans):
+        slots[r, : len(span)] = span
+        valid[r, : len(span)] = True
+    return rows, slots, valid
