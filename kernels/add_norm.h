@@ -6,7 +6,6 @@
 #pragma once
 #include "forge_hip.h"
 
-#define AN_PER 32  // elements of a row each lane holds at most (forge_hip.plan.ADD_NORM_PER)
 
 FORGE_DEV float an_sq(float ss, float v) { return fmaf(v, v, ss); }
 

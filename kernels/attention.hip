@@ -3,7 +3,7 @@
 // Per-row metadata lives in device memory (int32, written by one host->device copy per step, so a
 // captured graph replays with new values): pos[r] (the row's position), slots[r] (its KV-cache
 // slot), btoff[r] (offset of its sequence's block table in the flat table array bt).
-// KV caches: kc [n_slots, n_kv_head, D], vc [n_slots, n_kv_head, Dv], float16 (kv_f16 = 1) or f32;
+// KV caches: kc [n_slots, n_kv_head, D], vc [n_slots, n_kv_head, Dv], float16 (kv_fmt = KV_F16) or f32;
 // position p of a sequence lives in slot bt[p / block_size] * block_size + p % block_size.
 //
 // Kernels:
@@ -19,10 +19,8 @@
 // through an atomic counter (cnt, zero between launches), merges them: no combine launch.
 #include "forge_hip.h"
 
-#define LAYER_MAX_D 512
 #define ATT_MAX_WARPS 8  // blocks of up to 256 threads (8 warps on NVIDIA, 4 on wave64 AMD)
 #define ATT_CHUNK 16  // attn_rows: positions a warp takes at once (slots looked up together)
-#define ATT_SPLIT_MIN 128  // positions per split at least
 // Past ATT_SPLIT_MIN positions, launches with fewer (head, row) blocks than ATT_FEW_BLOCKS split
 // every ATT_SPLIT_FEW positions instead, so that more blocks share the work. H100, decode of 128
 // tokens from positions 128 / 256 / 512 / 895, gemma3 twin (4 heads, 1 row): 1,452-1,454 /
@@ -32,6 +30,10 @@
 #define ATT_SPLIT_FEW 32
 #define ATT_FEW_BLOCKS 16
 #define ATT_NEG (-3.402823466e38f)
+
+// Whether a cache of format `fmt` holds float16 (KV_F16) rather than float32 (KV_F32): the two
+// formats these kernels read and write.
+FORGE_DEV bool kv_half(int fmt) { return fmt != KV_F32; }
 
 FORGE_DEV void warp_sync() {  // orders a warp's shared-memory writes before its later reads
 #if defined(FORGE_AMD)
@@ -192,7 +194,7 @@ FORGE_DEV void head_store(const float* x, void* cache, i64 at, int n, int e, int
 // One Q or K head of qk_rope_store, in one warp: norm and RoPE in place (k: and into the cache).
 template <int LPP, int VPL>
 FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, int D, int n_rot,
-                       int neox, const float* rc, float eps, int kv_f16, float* xch) {
+                       int neox, const float* rc, float eps, int kv_fmt, float* xch) {
     const int lane = threadIdx.x % FORGE_WARP, e = lane % LPP, grp = lane / LPP;
     float x[8 * VPL], w[8 * VPL], c[8 * VPL], s[8 * VPL];
     head_weights<LPP, VPL>(nw, D, e, w);
@@ -205,7 +207,7 @@ FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, 
     for (int i = 0; i < 8 * VPL; ++i) {
         if (hd<LPP>(i, e) < D) xh[hd<LPP>(i, e)] = x[i];
     }
-    if (!is_q) head_store<LPP, VPL>(x, kc, at, D, e, kv_f16);
+    if (!is_q) head_store<LPP, VPL>(x, kc, at, D, e, kv_half(kv_fmt));
 }
 
 // Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
@@ -218,7 +220,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const float* __restrict__ knw, const i32* __restrict__ pos,
                                 const i32* __restrict__ slots, void* kc, void* vc, int H, int Hkv,
                                 int D, int Dv, int n_rot, int neox, float base, float freq_scale,
-                                float eps, int kv_f16) {
+                                float eps, int kv_fmt) {
     FORGE_GRID_WAIT();
     __shared__ float xch[ATT_MAX_WARPS * LAYER_MAX_D], rc[LAYER_MAX_D];
     const int r = blockIdx.y, W = blockDim.x / FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
@@ -229,7 +231,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
         const float* src = v + ((i64)r * Hkv + vh) * Dv;
         const i64 dst = (slot * Hkv + vh) * Dv;
         for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
-            if (kv_f16) ((u16*)vc)[dst + d] = f2h(src[d]);
+            if (kv_half(kv_fmt)) ((u16*)vc)[dst + d] = f2h(src[d]);
             else ((float*)vc)[dst + d] = src[d];
         }
         return;
@@ -243,7 +245,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
     const i64 at = (slot * Hkv + (j - H)) * D;
     float* wx = xch + warp * LAYER_MAX_D;
 #define QK_HEAD(L, V) \
-    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_f16, wx)
+    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_fmt, wx)
     ATT_LAYOUT(D, Dv, QK_HEAD);
 #undef QK_HEAD
 }
@@ -520,10 +522,10 @@ FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, i
 // positions 0..pos[r] (the last `window` of them when window > 0). q [R, H, D] -> out [R, H, Dv].
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. part_o [R * H * max splits, Dv],
 // part_ml [R * H * max splits, 2], cnt [R * H] (zero). D and Dv: multiples of 8, at most 512.
-FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, const void* kc,
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_rows(const float* __restrict__ q, const void* kc,
     const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* part_o, float* part_ml, u32* cnt, float* out, int Hkv,
-    int D, int Dv, int block_size, float scale, int window, int kv_f16) {
+    int D, int Dv, int block_size, float scale, int window, int kv_fmt) {
     FORGE_GRID_WAIT();
     __shared__ float qs[LAYER_MAX_D];
     __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
@@ -545,7 +547,7 @@ FORGE_KERNEL void __launch_bounds__(256) attn_rows(const float* __restrict__ q, 
     a.Dv = Dv;
     a.begin = sp.begin;
     a.end = sp.end;
-    if (kv_f16) attend_any<true>(a, qs, wm, wl, wacc);
+    if (kv_half(kv_fmt)) attend_any<true>(a, qs, wm, wl, wacc);
     else attend_any<false>(a, qs, wm, wl, wacc);
     att_finish(wm, wl, wacc, blockDim.x / FORGE_WARP, Dv, sp.n_eff, s, gridDim.z,
                (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
@@ -563,7 +565,7 @@ struct DecArgs {
     float base, freq_scale, eps;
     int block_size;
     float scale;
-    int window, kv_f16;
+    int window, kv_fmt;
 };
 
 // attn_decode in the (LPP, VPL) layout. Each warp norms and rotates the query head in its
@@ -660,42 +662,39 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
 // as the QKV product left them (not normed, not rotated); attn_decode_head says who does what.
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
-// attn_decode takes every head width; attn_decode_w<W> only heads of at most W (and more than
-// the next narrower kernel's), so it needs only that layout's registers (the plan's choice).
+// attn_decode_w<W> takes heads of at most W, in the layout of that width (its registers only);
+// the plan takes the narrowest that holds its heads. attn_decode_w512 takes every head width.
 #define ATT_DECODE_PARAMS                                                                       \
     const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,      \
         const float *__restrict__ qnw, const float *__restrict__ knw, const i32 *__restrict__ pos, \
         const i32 *__restrict__ slots, const i32 *__restrict__ bt, const i32 *__restrict__ btoff, \
         void *kc, void *vc, float *part_o, float *part_ml, u32 *cnt, float *out, int Hkv, int D, \
         int Dv, int n_rot, int neox, float base, float freq_scale, float eps, int block_size,   \
-        float scale, int window, int kv_f16
+        float scale, int window, int kv_fmt
 #define ATT_DECODE_BODY(DISPATCH)                                                               \
     __shared__ float rc[LAYER_MAX_D], wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];            \
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];                                   \
     __shared__ int flag;                                                                        \
     const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt, \
                        out, Hkv, D, Dv, n_rot, neox, base, freq_scale, eps, block_size, scale, \
-                       window, kv_f16};                                                         \
+                       window, kv_fmt};                                                         \
     DISPATCH
 #define DECODE_HEAD(L, V)                                                          \
     do {                                                                           \
-        if (kv_f16) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);      \
+        if (kv_half(kv_fmt)) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);      \
         else attn_decode_head<L, V, false>(g, rc, wm, wl, wacc, &flag);            \
     } while (0)
 
-FORGE_KERNEL void __launch_bounds__(256) attn_decode(ATT_DECODE_PARAMS) {
-    ATT_DECODE_BODY(ATT_LAYOUT(D, Dv, DECODE_HEAD);)
-}
-FORGE_KERNEL void __launch_bounds__(256) attn_decode_w64(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w64(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(8, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(256) attn_decode_w128(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w128(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(16, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(256) attn_decode_w256(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w256(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(32, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(256) attn_decode_w512(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w512(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));)
 }
 #undef DECODE_HEAD

@@ -2,7 +2,7 @@
 // over the paged KV cache that qk_rope_store (attention.hip) has just filled.
 //
 // Inputs as attention.hip's attn_rows takes them: q [R, H, D] (normed, rotated, float32),
-// kc [n_slots, Hkv, D] / vc [n_slots, Hkv, Dv] (float16 when kv_f16, else float32), per row r
+// kc [n_slots, Hkv, D] / vc [n_slots, Hkv, Dv] (float16 when kv_mode > 0, else float32), per row r
 // pos[r] and btoff[r] (its sequence's block table bt + btoff[r]; position p lives in slot
 // table[p / block_size] * block_size + p % block_size). Row r attends to positions lo .. pos[r]
 // of its own sequence, lo = pos[r] + 1 - window when window > 0 and that is > 0, else 0.
@@ -16,23 +16,22 @@
 // columns of the output (Dv wider than that takes several blocks, each recomputing the scores).
 // Blocks with the most keys (the last rows) start first.
 //
-// kv_f16: 0 float32 cache; 1 float16 cache, rounded operands allowed; 2 float16 cache, float32
+// kv_mode: 0 float32 cache; 1 float16 cache, rounded operands allowed; 2 float16 cache, float32
 // math (the SIMT path everywhere, what a prefill that must match the decode kernels uses).
-// NVIDIA, kv_f16 = 1: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles of BK
+// NVIDIA, kv_mode = 1: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles of BK
 // positions copied into shared memory by cp.async (the next K tile loads during this tile's
 // softmax and P V, the next V tile during the next scores), S = Q K^T and O += P V by
 // mma.sync m16n8k16 (float16 operands, float32 accumulators), online softmax in float32 with
 // exp2. Rounding: Q and P are rounded to float16 (as llama.cpp's f16 K/V products round them).
-// Elsewhere (AMD, and kv_f16 0 or 2): a SIMT path in float32, 4 threads per row, tiles of
+// Elsewhere (AMD, and kv_mode 0 or 2): a SIMT path in float32, 4 threads per row, tiles of
 // AP_SIMT_BK positions in shared memory as float32, 32 rows at a time (two passes per block).
 //
-// Kernels attn_prefill_64 / _128 / _256: D padded to DP = 64 / 128 / 256 (zeros past D). kv_f16 = 1
+// Kernels attn_prefill_64 / _128 / _256: D padded to DP = 64 / 128 / 256 (zeros past D). kv_mode = 1
 // needs D and Dv multiples of 8 (16-byte rows). grid = (ceil(R * G / AP_ROWS), Hkv,
 // ceil(Dv / AP_DVC(DP))), block = AP_THREADS.
 #include "forge_hip.h"
 
 #define AP_ROWS 64
-#define AP_THREADS 128
 #define AP_SIMT_BK 16
 #define AP_DVC(DP) ((DP) < 128 ? (DP) : 128)
 #define AP_BK(DP) ((DP) > 128 ? 32 : 64)
@@ -434,7 +433,7 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
 template <int DP>
 FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
                        const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
-                       int Dv, int block_size, float scale, int window, int kv_f16, u16* smem,
+                       int Dv, int block_size, float scale, int window, int kv_mode, u16* smem,
                        i32* s_pos, i32* s_off, i32* s_slot) {
     ApArgs a;
     a.q = q;
@@ -468,12 +467,12 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     a.s_slot = s_slot;
     __syncthreads();
 #if defined(FORGE_NV)
-    if (kv_f16 == 1) {
+    if (kv_mode == 1) {
         ap_tc<DP>(a, smem);
         return;
     }
 #endif
-    if (kv_f16) ap_simt<DP, true>(a, (float*)smem);
+    if (kv_mode) ap_simt<DP, true>(a, (float*)smem);
     else ap_simt<DP, false>(a, (float*)smem);
 }
 
@@ -481,32 +480,32 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_f16) {
+    int block_size, float scale, int window, int kv_mode) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
-    ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_f16,
+    ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_mode,
                 smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_f16) {
+    int block_size, float scale, int window, int kv_mode) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_f16, smem, s_pos, s_off, s_slot);
+                 kv_mode, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_f16) {
+    int block_size, float scale, int window, int kv_mode) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_f16, smem, s_pos, s_off, s_slot);
+                 kv_mode, smem, s_pos, s_off, s_slot);
 }

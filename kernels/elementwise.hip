@@ -1,4 +1,4 @@
-// elementwise.hip: gated activations, residual add, multiply and scale over n floats.
+// elementwise.hip: gated activations over n floats (the gated products' unfused path).
 // Launch: 1-D, any grid x block covering n (grid-stride loops). In place is allowed.
 #include "forge_hip.h"
 
@@ -21,19 +21,4 @@ FORGE_KERNEL void geglu(const float* gate, const float* up, float* y, i64 n) {
 FORGE_KERNEL void swiglu(const float* gate, const float* up, float* y, i64 n) {
     FORGE_GRID_WAIT();
     FORGE_FOR_EACH(i, n) y[i] = silu(gate[i]) * up[i];
-}
-
-FORGE_KERNEL void add(const float* a, const float* b, float* y, i64 n) {
-    FORGE_GRID_WAIT();
-    FORGE_FOR_EACH(i, n) y[i] = a[i] + b[i];
-}
-
-FORGE_KERNEL void mul(const float* a, const float* b, float* y, i64 n) {
-    FORGE_GRID_WAIT();
-    FORGE_FOR_EACH(i, n) y[i] = a[i] * b[i];
-}
-
-FORGE_KERNEL void scale(const float* x, float* y, float s, i64 n) {
-    FORGE_GRID_WAIT();
-    FORGE_FOR_EACH(i, n) y[i] = x[i] * s;
 }

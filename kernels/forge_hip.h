@@ -29,6 +29,8 @@ typedef long long i64;
 #define FORGE_WARP 32
 #endif
 
+#include "contract.h"
+
 #define FORGE_KERNEL extern "C" __global__
 
 // The first statement of every kernel. On NVIDIA sm_90+ a launch may be made with programmatic

@@ -15,27 +15,10 @@
 //   float16 once (relative 2^-11). On AMD the same tiles are multiplied by a portable SIMT loop.
 #include "quants.h"
 
-#define DESC_LEN 8
-// Type ids of linear.hip (forge_hip.library.TYPE_IDS).
-#define T_F32 0
-#define T_F16 1
-#define T_BF16 2
-#define T_Q4_0 3
-#define T_Q4_1 4
-#define T_Q5_0 5
-#define T_Q5_1 6
-#define T_Q8_0 7
-#define T_Q2_K 8
-#define T_Q3_K 9
-#define T_Q4_K 10
-#define T_Q5_K 11
-#define T_Q6_K 12
 #define T_GENERIC 100  // the other quantized types: decoded through quants.h, 128 threads
 
-#define GB_N 128  // weight rows (outputs) per block
 #define GB_K 32   // k per pipeline step
 #define GB_LD 40  // shared row stride in 16-bit words: 80 bytes put ldmatrix rows on distinct banks
-#define GB_THREADS 256
 
 struct GMat {
     const u8* W;
@@ -48,14 +31,14 @@ struct GMat {
 
 FORGE_DEV GMat gmat_at(const i64* d) {
     GMat m;
-    m.W = (const u8*)d[0];
-    m.x = (const u16*)d[1];
-    m.y = (float*)d[2];
-    m.bias = (const float*)d[3];
-    m.type = (int)d[4];
-    m.K = (int)d[5];
-    m.N = (int)d[6];
-    m.row_bytes = d[7];
+    m.W = (const u8*)d[DESC_W];
+    m.x = (const u16*)d[DESC_X];
+    m.y = (float*)d[DESC_Y];
+    m.bias = (const float*)d[DESC_BIAS];
+    m.type = (int)d[DESC_TYPE];
+    m.K = (int)d[DESC_K];
+    m.N = (int)d[DESC_N];
+    m.row_bytes = d[DESC_ROW_BYTES];
     return m;
 }
 

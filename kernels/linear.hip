@@ -1,7 +1,7 @@
 // linear.hip: y = x W^T + bias for several weight matrices in one launch, each of its own GGML type,
 // weights read as stored. Matrices are described in device memory by descriptors of DESC_LEN int64:
-//   [0] W address  [1] x address (float [R, K])  [2] y address (float [R, N])  [3] bias (0: none)
-//   [4] type id (TYPE_IDS below)  [5] K  [6] N  [7] bytes per weight row
+//   contract.h's DESC_* fields: W, x (float [R, K]), y (float [R, N]), bias (0: none), type id
+//   (T_*), K, N, bytes per weight row.
 // blockIdx.z picks descriptor `first + z`, so Q/K/V (or gate/up) run as one launch even when their
 // types differ. Quantized types need K % 32 == 0 (GGUF rows are whole blocks); float types any K.
 //
@@ -12,24 +12,6 @@
 // mm_tiled: prefill. block = 256 threads, grid = (ceil(max N / 64), ceil(R / 64), n_mats);
 //   a 64x64 output tile per block, weights decoded once per tile into shared memory.
 #include "quants.h"
-
-#define DESC_LEN 8
-#define MV_WARPS 4
-
-// Type ids, in the order of FORGE_WEIGHT_TYPES (forge_hip.library.TYPE_IDS mirrors it).
-#define T_F32 0
-#define T_F16 1
-#define T_BF16 2
-#define T_Q4_0 3
-#define T_Q4_1 4
-#define T_Q5_0 5
-#define T_Q5_1 6
-#define T_Q8_0 7
-#define T_Q2_K 8
-#define T_Q3_K 9
-#define T_Q4_K 10
-#define T_Q5_K 11
-#define T_Q6_K 12
 
 struct Mat {
     const u8* W;
@@ -42,14 +24,14 @@ struct Mat {
 
 FORGE_DEV Mat mat_at(const i64* d) {
     Mat m;
-    m.W = (const u8*)d[0];
-    m.x = (const float*)d[1];
-    m.y = (float*)d[2];
-    m.bias = (const float*)d[3];
-    m.type = (int)d[4];
-    m.K = (int)d[5];
-    m.N = (int)d[6];
-    m.row_bytes = d[7];
+    m.W = (const u8*)d[DESC_W];
+    m.x = (const float*)d[DESC_X];
+    m.y = (float*)d[DESC_Y];
+    m.bias = (const float*)d[DESC_BIAS];
+    m.type = (int)d[DESC_TYPE];
+    m.K = (int)d[DESC_K];
+    m.N = (int)d[DESC_N];
+    m.row_bytes = d[DESC_ROW_BYTES];
     return m;
 }
 

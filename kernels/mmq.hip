@@ -34,7 +34,6 @@
 #ifndef MMQ_MASK  // (experiments) bit T keeps type T's path: one type's registers under -Xptxas -v
 #define MMQ_MASK 0xffff
 #endif
-#define MMQ_WARPS 8  // 32-lane warps per block (also on wavefront-64 hardware: halves of a wave)
 
 FORGE_DEV u32 shfl32(u32 v, int src) {  // v of lane src of this 32-lane warp
 #if defined(FORGE_AMD)
@@ -145,11 +144,11 @@ struct MmqRaw32 {
 
 template <int T> struct Mmq32 {
     enum {
-        bytes = T == MT_Q4_0 ? BYTES_Q4_0 : T == MT_Q4_1 ? BYTES_Q4_1 : T == MT_Q5_0 ? BYTES_Q5_0
+        bytes = T == T_Q4_0 ? BYTES_Q4_0 : T == T_Q4_1 ? BYTES_Q4_1 : T == T_Q5_0 ? BYTES_Q5_0
                 : BYTES_Q5_1,
-        qs = T == MT_Q4_0 ? 2 : T == MT_Q4_1 ? 4 : T == MT_Q5_0 ? 6 : 8,  // quants' offset
-        mins = T == MT_Q4_1 || T == MT_Q5_1,
-        q5 = T == MT_Q5_0 || T == MT_Q5_1,
+        qs = T == T_Q4_0 ? 2 : T == T_Q4_1 ? 4 : T == T_Q5_0 ? 6 : 8,  // quants' offset
+        mins = T == T_Q4_1 || T == T_Q5_1,
+        q5 = T == T_Q5_0 || T == T_Q5_1,
     };
 };
 
@@ -159,7 +158,7 @@ template <int T, bool AL> FORGE_DEV MmqRaw32 mmq_raw32(const MmqRows& p, int s) 
     MmqRaw32 r;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        if (T == MT_Q8_0) {
+        if (T == T_Q8_0) {
             const u8* q = p.r[j] + 32 * (i64)s + 8 * t;
             const V2 v = AL ? *(const V2*)q : ld8_a2(q);
             r.a[j] = v.x, r.b[j] = v.y;
@@ -167,7 +166,7 @@ template <int T, bool AL> FORGE_DEV MmqRaw32 mmq_raw32(const MmqRows& p, int s) 
         } else {
             const u8* blk = p.r[j] + (i64)s * Mmq32<T>::bytes;
             r.a[j] = ld4_a2(blk + Mmq32<T>::qs + 4 * t);
-            r.b[j] = Mmq32<T>::q5 ? ld4_a2(blk + (T == MT_Q5_0 ? 2 : 4)) : 0u;
+            r.b[j] = Mmq32<T>::q5 ? ld4_a2(blk + (T == T_Q5_0 ? 2 : 4)) : 0u;
             r.dm[j] = Mmq32<T>::mins ? *(const u32*)blk : ld2(blk);  // (Q4_1/Q5_1 blocks: 4-aligned)
         }
     }
@@ -180,7 +179,7 @@ template <int T> FORGE_DEV MmqW mmq_expand32(const MmqRaw32& r) {
     float d[2], m[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        if (T == MT_Q8_0) {
+        if (T == T_Q8_0) {
             w.lo[j] = r.a[j], w.hi[j] = r.b[j];
         } else {
             u32 lo = r.a[j] & M4, hi = (r.a[j] >> 4) & M4;
@@ -188,15 +187,15 @@ template <int T> FORGE_DEV MmqW mmq_expand32(const MmqRaw32& r) {
                 lo |= bit4_to_bytes(r.b[j] >> (4 * t));
                 hi |= bit4_to_bytes(r.b[j] >> (16 + 4 * t));
             }
-            if (T == MT_Q4_0) lo = bsub(lo, 0x08080808u), hi = bsub(hi, 0x08080808u);
-            if (T == MT_Q5_0) lo = bsub(lo, 0x10101010u), hi = bsub(hi, 0x10101010u);
+            if (T == T_Q4_0) lo = bsub(lo, 0x08080808u), hi = bsub(hi, 0x08080808u);
+            if (T == T_Q5_0) lo = bsub(lo, 0x10101010u), hi = bsub(hi, 0x10101010u);
             w.lo[j] = lo, w.hi[j] = hi;
         }
         d[j] = h2f((u16)(r.dm[j] & 0xffff));
         m[j] = h2f((u16)(r.dm[j] >> 16));
     }
     mmq_col_scales(d, w.wd);
-    if (T != MT_Q8_0 && Mmq32<T>::mins) mmq_col_scales(m, w.wm);
+    if (T != T_Q8_0 && Mmq32<T>::mins) mmq_col_scales(m, w.wm);
     return w;
 }
 
@@ -211,13 +210,13 @@ struct MmqK45 {
 
 template <int T> FORGE_DEV MmqK45 mmq_k45_load(const MmqRows& p, int u) {
     const int t = threadIdx.x & 3, q = u & 3;
-    const i64 at = (i64)(u >> 2) * (T == MT_Q4_K ? BYTES_Q4_K : BYTES_Q5_K);
+    const i64 at = (i64)(u >> 2) * (T == T_Q4_K ? BYTES_Q4_K : BYTES_Q5_K);
     MmqK45 r;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         const u8* blk = p.r[j] + at;
-        r.q[j] = *(const V2*)(blk + (T == MT_Q4_K ? 16 : 48) + 32 * q + 8 * t);
-        r.qh[j] = T == MT_Q5_K ? *(const V2*)(blk + 16 + 8 * t) : r.q[j];
+        r.q[j] = *(const V2*)(blk + (T == T_Q4_K ? 16 : 48) + 32 * q + 8 * t);
+        r.qh[j] = T == T_Q5_K ? *(const V2*)(blk + 16 + 8 * t) : r.q[j];
         r.h[j] = *(const V4*)blk;
     }
     return r;
@@ -231,7 +230,7 @@ template <int T> FORGE_DEV MmqW mmq_k45_sub(const MmqK45& r, int u, int k) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         w.lo[j] = (r.q[j].x >> (4 * k)) & M4, w.hi[j] = (r.q[j].y >> (4 * k)) & M4;
-        if (T == MT_Q5_K) {
+        if (T == T_Q5_K) {
             const u32 o = 0x01010101u;
             w.lo[j] |= ((r.qh[j].x >> sb) & o) << 4, w.hi[j] |= ((r.qh[j].y >> sb) & o) << 4;
         }
@@ -308,7 +307,7 @@ FORGE_DEV MmqW mmq_q6_k_run(const MmqQ6& r, int c) {
 template <int MT, int T, bool AL = false>
 FORGE_DEV void mmq_loop32(const MmqRows& p, int units, int kw, int ks, const XQ& x,
                           const int* xo, float (*acc)[2][4]) {
-    constexpr bool contig = T == MT_Q8_0, mins = T != MT_Q8_0 && Mmq32<T>::mins;
+    constexpr bool contig = T == T_Q8_0, mins = T != T_Q8_0 && Mmq32<T>::mins;
     constexpr int S = MMQ_AHEAD32;
     if (!((MMQ_MASK >> T) & 1)) return;
     int s = kw;
@@ -352,7 +351,7 @@ template <int MT>
 FORGE_DEV void mmq_loop_q6_k(const MmqRows& p, int units, int kw, int ks, const XQ& x,
                              const int* xo, float (*acc)[2][4]) {
     constexpr int S = MMQ_AHEAD;
-    if (!((MMQ_MASK >> MT_Q6_K) & 1)) return;
+    if (!((MMQ_MASK >> T_Q6_K) & 1)) return;
     int u = kw;
     for (; u + (S - 1) * ks < units; u += S * ks) {
         MmqQ6 r[S];
@@ -383,20 +382,20 @@ FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, co
 #pragma unroll
     for (int j = 0; j < 2; ++j) p.r[j] = m.W + (i64)min(n0 + 8 * j + g, m.N - 1) * m.row_bytes;
     switch (m.type) {
-        case MT_Q4_0: mmq_loop32<MT, MT_Q4_0>(p, K / 32, kw, ks, x1, xo, acc); break;
-        case MT_Q4_1: mmq_loop32<MT, MT_Q4_1>(p, K / 32, kw, ks, x1, xo, acc); break;
-        case MT_Q5_0: mmq_loop32<MT, MT_Q5_0>(p, K / 32, kw, ks, x1, xo, acc); break;
-        case MT_Q5_1: mmq_loop32<MT, MT_Q5_1>(p, K / 32, kw, ks, x1, xo, acc); break;
-        case MT_Q8_0:
+        case T_Q4_0: mmq_loop32<MT, T_Q4_0>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case T_Q4_1: mmq_loop32<MT, T_Q4_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case T_Q5_0: mmq_loop32<MT, T_Q5_0>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case T_Q5_1: mmq_loop32<MT, T_Q5_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case T_Q8_0:
             if (((u64)m.W | (u64)m.row_bytes) % 8 == 0) {
-                mmq_loop32<MT, MT_Q8_0, true>(p, K / 32, kw, ks, x1, xo, acc);
+                mmq_loop32<MT, T_Q8_0, true>(p, K / 32, kw, ks, x1, xo, acc);
             } else {
-                mmq_loop32<MT, MT_Q8_0, false>(p, K / 32, kw, ks, x1, xo, acc);
+                mmq_loop32<MT, T_Q8_0, false>(p, K / 32, kw, ks, x1, xo, acc);
             }
             break;
-        case MT_Q4_K: mmq_loop_k45<MT, MT_Q4_K>(p, K / 64, kw, ks, x2, xo, acc); break;
-        case MT_Q5_K: mmq_loop_k45<MT, MT_Q5_K>(p, K / 64, kw, ks, x2, xo, acc); break;
-        case MT_Q6_K: mmq_loop_q6_k<MT>(p, K / 128, kw, ks, x2, xo, acc); break;
+        case T_Q4_K: mmq_loop_k45<MT, T_Q4_K>(p, K / 64, kw, ks, x2, xo, acc); break;
+        case T_Q5_K: mmq_loop_k45<MT, T_Q5_K>(p, K / 64, kw, ks, x2, xo, acc); break;
+        case T_Q6_K: mmq_loop_q6_k<MT>(p, K / 128, kw, ks, x2, xo, acc); break;
         default:  // not an mmq type (forge_hip.plan.MMQ_TYPES): a visible NaN, never a silent 0
 #pragma unroll
             for (int i = 0; i < MT; ++i)
@@ -492,12 +491,12 @@ FORGE_DEV void mmq_body(const i64* descs, int first, int count, int R, int r0, c
 }
 
 #define MMQ_KERNELS(MT, MINB)                                                                \
-    FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
+    FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                           \
         mmq_multi_m##MT(const i64* __restrict__ descs, int first, int count, int R, int r0,  \
                         const u8* xg, int K, int need, int items, int ks, int pf) {          \
         mmq_body<MT, false>(descs, first, count, R, r0, xg, K, need, items, ks, -1, pf);     \
     }                                                                                        \
-    FORGE_KERNEL void __launch_bounds__(256, MINB)                                           \
+    FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                           \
         mmq_glu_m##MT(const i64* __restrict__ descs, int first, int R, int r0, const u8* xg, \
                       int K, int need, int items, int ks, int act, int pf) {                 \
         mmq_body<MT, true>(descs, first, 2, R, r0, xg, K, need, items, ks, act, pf);         \

@@ -18,12 +18,7 @@ struct alignas(8) V2 { u32 x, y; };
 struct alignas(16) F4 { float x, y, z, w; };
 struct alignas(8) F2 { float x, y; };
 
-// ---- descriptors (linear.hip's layout), shared by mmv.hip and mmq.hip ----
-#define DESC_LEN 8
-
-// Type ids of the descriptors (FORGE_WEIGHT_TYPES order; forge_hip.library.TYPE_IDS).
-enum { MT_F32, MT_F16, MT_BF16, MT_Q4_0, MT_Q4_1, MT_Q5_0, MT_Q5_1, MT_Q8_0, MT_Q2_K, MT_Q3_K,
-       MT_Q4_K, MT_Q5_K, MT_Q6_K };
+// ---- descriptors (contract.h's layout), shared by mmv.hip and mmq.hip ----
 
 struct MvMat {
     const u8* W;
@@ -36,14 +31,14 @@ struct MvMat {
 
 FORGE_DEV MvMat mv_mat(const i64* d) {
     MvMat m;
-    m.W = (const u8*)d[0];
-    m.x = (const float*)d[1];
-    m.y = (float*)d[2];
-    m.bias = (const float*)d[3];
-    m.type = (int)d[4];
-    m.K = (int)d[5];
-    m.N = (int)d[6];
-    m.row_bytes = d[7];
+    m.W = (const u8*)d[DESC_W];
+    m.x = (const float*)d[DESC_X];
+    m.y = (float*)d[DESC_Y];
+    m.bias = (const float*)d[DESC_BIAS];
+    m.type = (int)d[DESC_TYPE];
+    m.K = (int)d[DESC_K];
+    m.N = (int)d[DESC_N];
+    m.row_bytes = d[DESC_ROW_BYTES];
     return m;
 }
 

@@ -30,9 +30,9 @@
 #include "add_norm.h"
 #include "mmv.h"
 
-// Shared bytes for quantized x (forge_hip.plan.MVQ_SMEM mirrors it).
+// Shared bytes for quantized x (contract.h).
 template <int RM> struct MvqSmem {
-    enum { bytes = RM == 1 ? 20480 : 40960 };
+    enum { bytes = RM == 1 ? MVQ_SMEM_R1 : MVQ_SMEM_RN };
 };
 
 // Quantize 8 values (dst 8-aligned) as rint(v * inv), clamped to 127 when `clamp`; returns their
@@ -149,15 +149,15 @@ template <int RM>
 FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, int G, int R,
                          float* acc) {
     for (int k = lane; k < K; k += G) {
-        const float w = t == MT_F32   ? ((const float*)row)[k]
-                        : t == MT_F16 ? h2f(((const u16*)row)[k])
+        const float w = t == T_F32   ? ((const float*)row)[k]
+                        : t == T_F16 ? h2f(((const u16*)row)[k])
                                       : bf2f(((const u16*)row)[k]);
 #pragma unroll
         for (int r = 0; r < RM; ++r) {
             if (r < R) {
                 float v = x[(i64)r * K + k];
-                if (t == MT_F16) v = h2f(f2h(v));
-                if (t == MT_BF16) v = bf2f(f2bf(v));
+                if (t == T_F16) v = h2f(f2h(v));
+                if (t == T_BF16) v = bf2f(f2bf(v));
                 acc[r] += w * v;
             }
         }
@@ -206,18 +206,18 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
     const u8* row = m.W + (i64)n * m.row_bytes;
     const int K = m.K;
     switch (m.type) {
-        case MT_Q4_0: MVQ_ROW(q4_0, K / 16, x1)
-        case MT_Q4_1: MVQ_ROW(q4_1, K / 16, x1)
-        case MT_Q5_0: MVQ_ROW(q5_0, K / 16, x1)
-        case MT_Q5_1: MVQ_ROW(q5_1, K / 16, x1)
-        case MT_Q8_0:  // (multi-row kernels: the 2-aligned loader only, fewer registers)
+        case T_Q4_0: MVQ_ROW(q4_0, K / 16, x1)
+        case T_Q4_1: MVQ_ROW(q4_1, K / 16, x1)
+        case T_Q5_0: MVQ_ROW(q5_0, K / 16, x1)
+        case T_Q5_1: MVQ_ROW(q5_1, K / 16, x1)
+        case T_Q8_0:  // (multi-row kernels: the 2-aligned loader only, fewer registers)
             if (RM == 1 && ((u64)m.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW(q8_0, K / 16, x1)
             MVQ_ROW(q8_0u, K / 16, x1)
-        case MT_Q2_K: MVQ_ROW_GEN(unit_q2_k, K / 32, x2)
-        case MT_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
-        case MT_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
-        case MT_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
-        case MT_Q6_K:  // (as Q8_0)
+        case T_Q2_K: MVQ_ROW_GEN(unit_q2_k, K / 32, x2)
+        case T_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
+        case T_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
+        case T_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
+        case T_Q6_K:  // (as Q8_0)
             if (AL && RM == 1 && ((u64)m.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW(q6_k, K / 32, x2)
             MVQ_ROW(q6_ku, K / 32, x2)
         default: row_dot_f<RM>(m.type, row, m.x, K, lane, G, R, acc); break;
@@ -267,14 +267,14 @@ template <> struct GluPair<1> {
         const u8* row2 = up.W + (i64)n * up.row_bytes;
         const int K = m.K;
         switch (m.type) {
-            case MT_Q4_0: MVQ_ROW2(q4_0, K / 16, x1)
-            case MT_Q4_1: MVQ_ROW2(q4_1, K / 16, x1)
-            case MT_Q5_0: MVQ_ROW2(q5_0, K / 16, x1)
-            case MT_Q5_1: MVQ_ROW2(q5_1, K / 16, x1)
-            case MT_Q8_0:
+            case T_Q4_0: MVQ_ROW2(q4_0, K / 16, x1)
+            case T_Q4_1: MVQ_ROW2(q4_1, K / 16, x1)
+            case T_Q5_0: MVQ_ROW2(q5_0, K / 16, x1)
+            case T_Q5_1: MVQ_ROW2(q5_1, K / 16, x1)
+            case T_Q8_0:
                 if (((u64)m.W | (u64)up.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW2(q8_0, K / 16, x1)
                 MVQ_ROW2(q8_0u, K / 16, x1)
-            case MT_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
+            case T_Q4_K: MVQ_ROW2(q4_k, K / 64, x2)
             default: return false;
         }
     }
@@ -308,7 +308,6 @@ template <int RM> FORGE_DEV bool group_sum_rows(float* v, int lane, int G, int* 
     return (lane & (G > RM ? G / RM - 1 : 0)) == 0;
 }
 
-#define MVQ_NORM_K 1024  // longest row whose add_norm a one-row product takes over (plan.MVQ_NORM_K)
 
 // layer.hip's add_norm folded into a one-row product (the *_r1n kernels): the product's x is
 // h = rmsnorm(xin + (w_post ? rmsnorm(o) * w_post : o)) * w_next, computed by every block into
@@ -368,7 +367,6 @@ template <class S> FORGE_DEV void mvq_add_norm(const MvqNorm& a, int K, S& s) {
 // count matrices (glu: 2, gate and up, over the gate's rows; act >= 0). The host passes what the
 // block needs before any descriptor is read: x [R, K], need, items. nm (NORM): x is not read; the
 // one row (R = 1, K <= MVQ_NORM_K) is computed from nm, and quantized in-block (xg = 0, need > 0).
-#define MVQ_SPLIT_RM 8  // the kernels whose blocks may split x's rows (forge_hip.plan.MVQ_SPLIT_RM)
 
 template <int RM, bool GEN, bool AL, bool NORM = false>
 FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, const float* x,
@@ -471,14 +469,14 @@ FORGE_DEV void mvq_body(const i64* descs, int first, int count, int R, int G, co
 #define MVQ_MINB(B) B
 #endif
 #define MVQ_KERNELS(SUFFIX, RM, GEN, MINB)                                              \
-    FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
+    FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MVQ_MINB(MINB))                            \
         mvq_multi_##SUFFIX(const i64* __restrict__ descs, int first, int count, int R,  \
                            int G, const float* x, int K, int need, int items,           \
                            const u8* xg, int flags) {                                   \
         mvq_body<RM, GEN, true>(descs, first, count, R, G, x, K, need, items, xg, flags, \
                                 -1);                                                   \
     }                                                                                   \
-    FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(MINB))                            \
+    FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MVQ_MINB(MINB))                            \
         mvq_glu_##SUFFIX(const i64* __restrict__ descs, int first, int R, int G,        \
                          const float* x, int K, int need, int items, const u8* xg,      \
                          int flags, int act) {                                          \
@@ -504,7 +502,7 @@ MVQ_KERNELS(gen, 8, true, 2)  // any type, R <= 8
 #define MVQ_NORM_ARGS                                                                        \
     const float *__restrict__ xin, const float *__restrict__ o, const float *__restrict__ w_post, \
         const float *__restrict__ w_next, float *__restrict__ xout, float eps
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
+FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MVQ_MINB(4))
     mvq_multi_r1n(const i64* __restrict__ descs, int first, int count, int R, int G,
                   const float* x, int K, int need, int items, const u8* xg, int flags,
                   MVQ_NORM_ARGS) {
@@ -512,7 +510,7 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
     mvq_body<1, false, true, true>(descs, first, count, R, G, x, K, need, items, xg, flags, -1,
                                    &nm);
 }
-FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
+FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MVQ_MINB(4))
     mvq_glu_r1n(const i64* __restrict__ descs, int first, int R, int G, const float* x, int K,
                 int need, int items, const u8* xg, int flags, int act, MVQ_NORM_ARGS) {
     const MvqNorm nm = {xin, o, w_post, w_next, xout, eps};
@@ -528,8 +526,6 @@ FORGE_KERNEL void __launch_bounds__(256, MVQ_MINB(4))
 // Lanes hold mvq_quant's tasks of 256 elements, at most two per 32-lane group: block of at
 // least 32 * ceil(K / 512) threads (forge_hip.plan.anq_threads), K <= ANQ_K (K % 32 == 0). The sums of squares run per lane, then over the
 // block: other orders than add_norm's, so h may differ from it in the last bits.
-#define ANQ_TASKS 2
-#define ANQ_K (ANQ_TASKS * 256 * 16)
 FORGE_KERNEL void __launch_bounds__(512, 1)
     add_norm_quant(float* __restrict__ x, const float* __restrict__ o,
                  const float* __restrict__ w_post, const float* __restrict__ w_next,

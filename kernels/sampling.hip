@@ -24,7 +24,6 @@
 // with one pass over the row per step, and the draw scans the row in id order.
 #include "forge_hip.h"
 
-#define SMP_THREADS 1024  // the block size sample_rows needs
 #define SMP_BINS 2048
 #define SMP_SCALE 128.0f
 #define SMP_CAP 2048  // = 2 * SMP_THREADS: each thread owns two candidates in the scans
@@ -32,12 +31,6 @@
 #define SMP_NONE 0x7fffffff
 #define SMP_BATCH 8  // loads in flight per thread in a pass over the row
 
-#define F_TEMP 0  // float
-#define F_TOPK 1  // int, 0 = off
-#define F_TOPP 2  // double (words 2, 3), 1 = off
-#define F_LMINP 4  // double (words 4, 5): ln(min_p), -inf = off
-#define F_KEY 6  // u64 (words 6, 7)
-#define F_CTR 8  // u32: the draw's counter
 
 // ---- Philox4x32-10 -------------------------------------------------------------------------
 FORGE_DEV double philox_uniform(u32 k0, u32 k1, u32 c0, u32 c1) {
@@ -540,4 +533,24 @@ FORGE_KERNEL void __launch_bounds__(SMP_THREADS) sample_rows(const float* __rest
         token = sh[2];
     }
     if (tid == 0) out[blockIdx.x] = token;
+}
+
+// Structured output: tokens whose bit is clear in their row's mask (ceil(n / 32) u32 words per
+// logits row, token i at bit i % 32 of word i / 32; forge.backend.pack_token_mask) get -inf, in
+// place, before sample_rows reads the row (a row left with only -inf picks -1: the host raises).
+// grid = (rows, any), block any: blocks of a row take its words in turn.
+FORGE_KERNEL void mask_logits(float* __restrict__ logits, int n, const u32* __restrict__ mask) {
+    FORGE_GRID_WAIT();
+    const int words = (n + 31) / 32;
+    float* x = logits + (i64)blockIdx.x * n;
+    const u32* m = mask + (i64)blockIdx.x * words;
+    const float neg_inf = bits_to_float(0xff800000u);
+    for (int w = blockIdx.y * blockDim.x + threadIdx.x; w < words; w += gridDim.y * blockDim.x) {
+        const u32 bits = m[w];
+        if (bits == 0xffffffffu) continue;
+        for (int b = 0; b < 32; ++b) {
+            const int i = 32 * w + b;
+            if (i < n && !((bits >> b) & 1u)) x[i] = neg_inf;
+        }
+    }
 }

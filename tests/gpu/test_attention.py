@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_hip.library import ATT_THREADS, attn_decode_width
-from forge_hip.plan import qk_rope_blocks
+from forge_hip.tuning import qk_rope_blocks
 
 from tests.support.gpu_helpers import rel_err
 
@@ -140,8 +140,9 @@ DECODE_CASES = [
 @pytest.mark.parametrize("H,KVH,D,Dv,n_rot,neox,norms,positions,window,splits,f16", DECODE_CASES)
 def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, positions, window,
                            splits, f16, width):  # fmt: skip
-    """attn_decode (every head width), or the attn_decode_w<W> the plan takes for these heads."""
-    kernel = f"attn_decode_w{attn_decode_width(D, Dv)}" if width else "attn_decode"
+    """attn_decode_w512 (every head width), or the attn_decode_w<W> the plan takes for these
+    heads."""
+    kernel = f"attn_decode_w{attn_decode_width(D, Dv) if width else 512}"
     rng = np.random.default_rng()
     c = Case(rng, H, KVH, D, Dv, positions, f16)
     R, scale, eps, base, fscale = len(positions), D**-0.5, 1e-6, 10000.0, 0.5

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_hip.library import TYPE_SUFFIX
-from forge_hip.plan import (
+from forge_hip.tuning import (
     MVQ_SPLIT_RM,
     MVQ_THREADS,
     anq_threads,
@@ -33,13 +33,20 @@ from tests.support.mvq_cases import (
 
 @pytest.mark.parametrize("type_name", list(TYPE_SUFFIX))
 @pytest.mark.parametrize("rows_per_block", [1, 4])
-def test_matvec(rt, lib, dev, type_name, rows_per_block):
+def test_third_party_matvec(rt, lib, dev, type_name, rows_per_block):
+    """The third-party matmul kernel the replacement test registers, per type, against float64:
+    its own source directory, forge's headers, the signature read from its declaration."""
+    from forge_hip.library import HipKernel
+
+    from tests.support.gpu_helpers import THIRD_PARTY_KERNELS
+
     rng = np.random.default_rng()
     K, N, B = odd_k(type_name), 37, 2
     raw, W = random_weights(rng, type_name, N, K)
     x = rng.standard_normal((B, K)).astype(np.float32)
     y = dev.poisoned(B * N * 4)
-    kernel = lib.get("matvec_" + TYPE_SUFFIX[type_name])
+    name = "matvec_" + TYPE_SUFFIX[type_name]
+    kernel = lib.resolve(HipKernel("matvec.hip", name, directory=THIRD_PARTY_KERNELS))
     warp = rt.props.warp_size
     grid = ((N + rows_per_block - 1) // rows_per_block, B)
     rt.launch(
@@ -67,13 +74,13 @@ def test_embed(rt, lib, dev, type_name):
     np.testing.assert_allclose(got, 0.5 * W[ids], rtol=1e-6, atol=1e-30)
 
 
-def test_matvec_rejects_wrong_argument_count(lib):
+def test_launch_arguments_are_checked_against_the_signature(lib):
     from forge_hip.runtime.base import ArgPack
 
     from forge.errors import UsageError
 
     with pytest.raises(UsageError, match="wants 5 arguments"):
-        ArgPack(lib.get("matvec_q4_0").signature, [0, 0, 0, 1])
+        ArgPack(lib.get("embed_q4_0").signature, [0, 0, 0, 1])
 
 
 def launch_mvq(
@@ -193,7 +200,7 @@ def check_gated(rt, lib, dev, types, act, R, K=None, lanes=None):
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q5_0", "Q5_0")], ids="-".join)
 def test_mvq_gated_long_rows_few_lanes(rt, lib, dev, types, lanes):
     """One-row gated products with rows of 4096 (the llama-8B's gate/up, which the plan gives 8
-    lanes, forge_hip.plan.MVQ_PAIR_LANES): each lane runs many units of both rows in turn."""
+    lanes, the tuning's mvq_pair_lanes): each lane runs many units of both rows in turn."""
     check_gated(rt, lib, dev, types, 0, 1, K=4096, lanes=lanes)
 
 
@@ -303,7 +310,7 @@ def test_mvq_max_rows_by_type():
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf"])
 def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, split):
     """A decode step of 23 sequences (every product on mmv.hip's r32 kernels, or on r8 kernels
-    with x's rows split over blocks: plan.mvq_split; rounding on as in serving; mmq.hip off,
+    with x's rows split over blocks: the mvq_split knob; rounding on as in serving; mmq.hip off,
     test_kernels_mmq covers it) gives each sequence the logits of its own one-row step."""
     from forge_hip.runner import HipRunner
 
@@ -318,11 +325,12 @@ def test_decode_step_of_many_rows_matches_one_row_steps(rt, golden_dir, name, sp
     runner.allocate_kv(n + 1, 16)
     try:
         plan = runner.plan
-        plan.mvq_split = split
-        plan.mmq = False
-        groups = [(layer[key], c) for layer in plan.layers
-                  for key, c in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1))]  # fmt: skip
-        assert all(plan._mv_rows(first, c) >= n for first, c in groups + [(plan.out_h, 1)])
+        plan.products.with_tuning(mvq_split=split)
+        plan.products.mmq = False
+        groups = [g for a, f in zip(plan.attention, plan.ffn)
+                  for g in ((a.qkv, 3), (a.wo, 1), (f.gate_up, 2), (f.down, 1))]  # fmt: skip
+        assert all(plan.products._mv_rows(first, c) >= n
+                   for first, c in groups + [(plan.out_h, 1)])  # fmt: skip
         rng = np.random.default_rng()
         v = runner.spec.n_vocab
         prompts = [rng.integers(1, v, size=int(rng.integers(2, 10))).astype(np.int32)

@@ -20,7 +20,7 @@ GEMMA_VOCAB = 262144
 
 def _params(rt, picks):
     """Device parameters of sample_rows for rows 0 .. len(picks) - 1 (the runner's packing)."""
-    from forge_hip.runner import SampleMeta
+    from forge_hip.step_meta import SampleMeta
 
     meta = SampleMeta(rt, len(picks), 16)
     meta.set_picks(len(picks), list(enumerate(picks)))
@@ -30,7 +30,8 @@ def _params(rt, picks):
 
 def sample(rt, lib, dev, logits, picks, parts=1, launches=1):
     """Picked ids of each row of `logits` [rows, n], the max pass split over `parts` blocks per
-    row; `launches` > 1 repeats the launch (the slice counters must be back at zero)."""
+    row; `launches` > 1 repeats the launch (the slice counters must be back at zero). Picks
+    with a mask run mask_logits first (every row: all-ones where a pick has none)."""
     rows, n = logits.shape
     meta = _params(rt, picks)
     try:
@@ -38,6 +39,11 @@ def sample(rt, lib, dev, logits, picks, parts=1, launches=1):
         part, cnt = dev.poisoned(12 * rows * parts), dev.put(np.zeros(rows, np.uint32))
         ptr, stride = meta.params
         x = dev.put(np.ascontiguousarray(logits, np.float32))
+        if any(p.mask is not None for p in picks):
+            words = -(-n // 32)
+            masks = np.stack([p.mask if p.mask is not None else np.full(words, 0xFFFFFFFF,
+                              np.uint32) for p in picks])  # fmt: skip
+            rt.launch(lib.get("mask_logits"), (rows, 3), (256,), [x, n, dev.put(masks)])
         for _ in range(launches):
             rt.launch(lib.get("sample_rows"), (rows, parts), (SAMPLE_THREADS,),
                       [x, n, ptr, stride, 0, out, part, cnt])  # fmt: skip
@@ -113,6 +119,33 @@ def test_picks_equal_the_host_reference(rt, lib, dev, t, k, p, mp, n, scale, par
         assert g in set(kept_set(row, pk).tolist()), (g, pk)
     mismatches = int(np.sum(got != np.array(want)))
     assert mismatches <= 1, (got, want)  # a float tie-break at a boundary, at most
+
+
+@pytest.mark.parametrize("n", [GEMMA_VOCAB, 535, 4099])
+def test_masked_picks_equal_the_host_reference(rt, lib, dev, n):
+    """Token masks (structured output) on the device: masked tokens are never picked, greedy and
+    sampled picks equal sample_host's with the same mask, and a row whose mask allows nothing
+    gets -1."""
+    from forge.backend import pack_token_mask
+
+    rng = np.random.default_rng()
+    rows = 12
+    logits = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    allowed = rng.random((rows, n)) < rng.uniform(0.001, 0.5, (rows, 1))
+    allowed[:, 0] = True  # never empty
+    allowed[0, np.argmax(logits[0])] = False  # the argmax masked out
+    allowed[1] = False
+    allowed[1, [3, n - 1]] = True  # two tokens left
+    masks = [pack_token_mask(a) for a in allowed]
+    for t, k, p in ((0.0, 0, 1.0), (0.8, 40, 0.95), (1.0, 0, 1.0)):
+        picks = [DeviceSampling(t, k, p, key=int(rng.integers(2**63)), counter=i, mask=m)
+                 for i, m in enumerate(masks)]  # fmt: skip
+        got = sample(rt, lib, dev, logits, picks)
+        assert all(allowed[r, g] for r, g in enumerate(got)), t
+        want = [sample_host(row, pk) for row, pk in zip(logits, picks)]
+        assert int(np.sum(got != np.array(want))) <= 1, (t, got, want)
+    nothing = [DeviceSampling(mask=pack_token_mask(np.zeros(n, bool)))] * 2
+    np.testing.assert_array_equal(sample(rt, lib, dev, logits[:2], nothing), [-1, -1])
 
 
 def _chi2_critical(df, alpha=1e-4):

@@ -21,7 +21,6 @@ ATTN_DECODE_EARLY = ("the step's row metadata, norm weights and K/V cache rows o
                      "positions (first round into registers, the rest into L2; RoPE "
                      "coefficients)", "attn_decode_head")  # fmt: skip
 EARLY_WORK = {
-    "attn_decode": ATTN_DECODE_EARLY,
     **{f"attn_decode_w{w}": ATTN_DECODE_EARLY for w in ATT_DECODE_WIDTHS},
     "add_norm": ("its norm weights", "add_norm"),
     "mvq_multi_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),

@@ -1,4 +1,25 @@
-"""The hip plugin's hook implementations (registered by forge like any third-party plugin)."""
+"""The hip plugin's hook implementations (registered by forge like any third-party plugin).
+
+The kernel vocabulary of backend "hip" (what `forge_register_kernels` takes for it; a plugin
+registering a kernel with a higher priority replaces the built-in one):
+
+- impl: a `forge_hip.library.HipKernel` (source file, function, optional directory for a
+  plugin's own sources, which may include forge's forge_hip.h, contract.h and quants.h; the
+  argument signature is read from the function's `FORGE_KERNEL` declaration).
+- "matmul", per weight type: y[r, n] = x[r] . W[n] (+ bias, added by a separate launch) for
+  x float32 [rows, K]; signature (W, x, y, K, N) "pppii", block = 4 warps, grid = (ceil(N / 4),
+  rows). W is the weight as placed (`forge_hip.arena.device_rows`): GGML blocks as stored,
+  except Q8_0 and Q6_K rows, whose scales move before each row's quants (kernels/quants.h
+  deq32_q8_0 / deq32_q6_k read them). Replacing it takes the matrices of that type off the
+  fused descriptor paths (one launch per matrix).
+- "embed", per weight type: out[t] = scale * W[ids[t]] as float32; (W, ids, out, K, scale).
+- The weightless ops, each with its built-in kernel's arguments and launch (`forge_hip.plan`):
+  "add_norm" (residual add and RMSNorm, layer.hip), "qk_rope_store" and "attn_rows"
+  (attention.hip), "attn_decode" (attention.hip's attn_decode_w512: every head width; the plan
+  takes a narrower built-in layout when the built-in one wins), "gather_rows", "add_bias",
+  "act_round" (layer.hip), "sample_rows" (sampling.hip), "geglu" and "swiglu"
+  (elementwise.hip). Attention kernels read the KV cache in its format (contract.h's KV_*).
+"""
 
 from __future__ import annotations
 

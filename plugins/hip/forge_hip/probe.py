@@ -16,20 +16,21 @@ AMD_ARCH = re.compile(r"^gfx(90[68a]|94[0-2]|103\d|110\d|115\d|120\d)$")
 MIN_SM = 70  # warp-synchronous shuffles (__shfl_xor_sync) and independent thread scheduling
 
 FLAGS = frozenset({"graphs", "f16", "bf16"})
+# The op vocabulary of the kernel table for backend "hip" (forge_hip.plugin documents each).
 OPS = frozenset(
     {
         "matmul",
         "embed",
-        "rms_norm",
-        "rope",
-        "rope_neox",
+        "add_norm",
+        "qk_rope_store",
+        "attn_rows",
+        "attn_decode",
+        "gather_rows",
+        "add_bias",
+        "act_round",
+        "sample_rows",
         "geglu",
         "swiglu",
-        "add",
-        "mul",
-        "scale",
-        "attention_decode",
-        "argmax",
     }
 )
 WEIGHT_TYPES = frozenset(

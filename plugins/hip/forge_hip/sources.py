@@ -1,7 +1,8 @@
 """Kernel sources: where kernels/*.hip live and how they become one self-contained text.
 
 Run-time compilers get no include path (NVRTC has no system headers, hiprtc none of ours), so
-`#include "x.h"` lines naming files in the kernel directory are inlined here, each file once.
+`#include "x.h"` lines are inlined here, each file once: from the source's own directory, else
+forge's kernel directory (a third-party kernel may include forge_hip.h, contract.h, quants.h).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ def kernel_dir() -> Path:
     )
 
 
-def source_names() -> list[str]:
-    """Every kernel source file name (*.hip) in the kernel directory."""
-    return sorted(p.name for p in kernel_dir().glob("*.hip"))
+def source_names(directory: str | None = None) -> list[str]:
+    """Every kernel source file name (*.hip) in `directory` (None: the kernel directory)."""
+    return sorted(p.name for p in Path(directory or kernel_dir()).glob("*.hip"))
 
 
 @lru_cache(maxsize=64)
@@ -42,6 +43,8 @@ def load_source(name: str, directory: str | None = None) -> str:
 
     def expand(fname: str) -> str:
         path = root / fname
+        if not path.is_file() and fname.endswith(".h") and directory:
+            path = kernel_dir() / fname  # one of forge's headers
         if not path.is_file():
             raise ForgeRuntimeError(f"kernel source {fname!r} not found in {root}")
         if fname in seen:

@@ -1,5 +1,8 @@
-// matvec.hip: y[b, n] = sum_k W[n, k] * x[b, k] for every GGML weight type, weights read as
-// stored. W has N rows of `row_bytes` bytes; x is float32 [B, K]; y is float32 [B, N].
+// matvec.hip: a third-party "matmul" kernel for the hip backend, as a plugin would ship it (its
+// own directory; forge's headers included from forge's kernel directory). The tests register it
+// through the kernel table to check that the plan launches a replaced product kernel.
+// y[b, n] = sum_k W[n, k] * x[b, k] for every GGML weight type, weights read as placed
+// (forge_hip.arena.device_rows). W has N rows of `row_bytes` bytes; x is float32 [B, K]; y is float32 [B, N].
 // Launch: block = ROWS warps (blockDim.x = ROWS * warp size), grid = (ceil(N / ROWS), B).
 // One warp owns one output row; its lanes take 32-element chunks in turn (quantized types,
 // K a multiple of the block size) or single elements (float types, any K).

@@ -1,0 +1,65 @@
+// contract.h: every number the kernels and forge_hip (Python) must agree on. Python reads this
+// file (forge_hip.contract parses its #defines) instead of mirroring the values, and reads kernel
+// argument signatures from the FORGE_KERNEL declarations; tests/hip/test_contract.py checks both.
+// Only plain `#define NAME integer-expression` lines here: the parser evaluates them in order.
+#pragma once
+
+// ---- weight type ids of matrix descriptors, in forge's type order ----
+#define T_F32 0
+#define T_F16 1
+#define T_BF16 2
+#define T_Q4_0 3
+#define T_Q4_1 4
+#define T_Q5_0 5
+#define T_Q5_1 6
+#define T_Q8_0 7
+#define T_Q2_K 8
+#define T_Q3_K 9
+#define T_Q4_K 10
+#define T_Q5_K 11
+#define T_Q6_K 12
+
+// ---- matrix descriptors: DESC_LEN int64 per matrix, in device memory ----
+#define DESC_LEN 8
+#define DESC_W 0          // weight rows' address (as placed: see forge_hip.arena.device_rows)
+#define DESC_X 1          // x: float [R, K] (the prefill table: the rounded copy of x)
+#define DESC_Y 2          // y: float [R, N]
+#define DESC_BIAS 3       // float [N], 0: none
+#define DESC_TYPE 4       // T_* above
+#define DESC_K 5          // row length
+#define DESC_N 6          // rows
+#define DESC_ROW_BYTES 7  // bytes per weight row
+
+// ---- KV cache formats (the kv_fmt argument of the attention kernels) ----
+#define KV_F32 0
+#define KV_F16 1
+
+// ---- block sizes launches must use, and sizes the launch plan sizes grids by ----
+#define MV_WARPS 4         // linear.hip mv_multi / mv_glu: warps per block
+#define MVQ_THREADS 256    // mmv.hip and mmq.hip kernels
+#define MMQ_WARPS 8        // mmq.hip: 32-lane warps per block (halves of a wave on wave64 AMD)
+#define GB_THREADS 256     // gemm.hip
+#define GB_N 128           // gemm.hip: weight rows (outputs) per block
+#define ATT_THREADS 256    // attention.hip attn_rows / attn_decode
+#define AP_THREADS 128     // attn_prefill.hip
+#define SMP_THREADS 1024   // sampling.hip sample_rows
+
+// ---- shared memory and size limits ----
+#define MVQ_SMEM_R1 20480  // mmv.hip: shared bytes for quantized x, one-row kernels
+#define MVQ_SMEM_RN 40960  // ... kernels of several rows
+#define MVQ_NORM_K 1024    // mmv.hip: longest row whose add_norm a one-row product takes over
+#define MVQ_SPLIT_RM 8     // mmv.hip: the kernels whose blocks may split x's rows (gridDim.y)
+#define ANQ_TASKS 2        // mmv.hip add_norm_quant: 256-element tasks per 32-lane group
+#define ANQ_K (ANQ_TASKS * 256 * 16)  // ... longest row it takes (512 threads)
+#define AN_PER 32          // layer.hip add_norm: elements of a row each lane holds at most
+#define LAYER_MAX_D 512    // attention.hip: largest head dimension
+#define ATT_SPLIT_MIN 128  // attention.hip: positions per split at least
+
+// ---- sampling.hip's per-row parameter fields (int32 words, one field array per word) ----
+#define F_TEMP 0   // float
+#define F_TOPK 1   // int, 0 = off
+#define F_TOPP 2   // double (words 2, 3), 1 = off
+#define F_LMINP 4  // double (words 4, 5): ln(min_p), -inf = off
+#define F_KEY 6    // u64 (words 6, 7)
+#define F_CTR 8    // u32: the draw's counter
+#define F_WORDS 9  // words per row
