@@ -80,20 +80,21 @@ def product_timings(runner, rows: int, tiles: list[int | None], reps: int = 5) -
     rows, per row tile (None: the plan's choice); run after a prefill so inputs are real."""
     plan, rt, stream = runner.plan, runner.rt, runner.stream
     out = {}
-    for name, count in (("qkv", 3), ("wo", 1), ("gate_up", 2), ("down", 1)):
-        first = plan.layers[0][name]
-        flops = 2 * rows * sum(p.n * p.k for p, _ in plan.mats[first : first + count])
+    attn, ffn, products = plan.attention[0], plan.ffn[0], plan.products
+    for name, first, count in (("qkv", attn.qkv, 3), ("wo", attn.wo, 1),
+                               ("gate_up", ffn.gate_up, 2), ("down", ffn.down, 1)):  # fmt: skip
+        flops = 2 * rows * sum(p.n * p.k for p, _ in products.mats[first : first + count])
         for bm in tiles:
-            plan.gemm_rows = bm
-            plan.matmul(first, count, rows)
+            products.gemm_rows = bm
+            products.matmul(first, count, rows)
             start, end = rt.event(), rt.event()
             rt.record(start, stream)
             for _ in range(reps):
-                plan.matmul(first, count, rows)
+                products.matmul(first, count, rows)
             rt.record(end, stream)
             ms = rt.elapsed_ms(start, end) / reps
             out[f"{name} {bm or 'auto'}"] = [round(ms, 4), round(flops / ms / 1e9, 1)]
-    plan.gemm_rows = None
+    products.gemm_rows = None
     return out
 
 
@@ -190,15 +191,15 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     pp = min(prefill() for _ in range(3))
     pp_by_rows = {}
     for bm in gemm_rows:
-        runner.plan.gemm_rows = bm
+        runner.plan.products.gemm_rows = bm
         prefill()
         pp_by_rows[bm] = round(512 / min(prefill() for _ in range(2)), 1)
-    runner.plan.gemm_rows = None
+    runner.plan.products.gemm_rows = None
     runner.launch.start_profile()
     prefill()
     pprof = runner.launch.stop_profile()
     # products of the layers (the output head runs for the last row only)
-    flops = 2 * 512 * sum(p.n * p.k for p, _ in runner.plan.mats[:-2])
+    flops = 2 * 512 * sum(p.n * p.k for p, _ in runner.plan.products.mats[:-2])
     gemm_ms = sum(ms for k, (_, ms) in pprof.items() if k.startswith(("gemm_", "mm_tiled")))
     products = product_timings(runner, 512, [None, *gemm_rows])
 

@@ -5,6 +5,12 @@ bytes than L2 holds, as a real step reads). Prints microseconds per launch and w
 
   python benchmarks/mvq_sweep.py [--quick] [--out DIR]
   python benchmarks/mvq_sweep.py --rows 8 16 32 [--shapes g3] [--out DIR]
+  python benchmarks/mvq_sweep.py --tuning-out DIR
+
+--tuning-out: time the candidates of the launch knobs it can measure on this device (mvq_flags,
+mvq_blocks: one decode step's products of both twins, each model's step relative to its best
+candidate, summed) and write DIR/<arch>.json in forge_hip/tuned's format (copy it there to make
+it this device's tuning).
 
 --rows: the products at those token rows (server decode steps): the plan's mvq kernel, its
 variants (rows per pass RM, lanes, x in global memory) and the gemm path (act_half + gemm.hip) that
@@ -25,10 +31,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
-from forge_hip.arena import device_rows  # noqa: E402
-from forge_hip.library import ROUND_MODE, TYPE_IDS, KernelLibrary  # noqa: E402
-from forge_hip.plan import (  # noqa: E402
-    MVQ_FLAGS,
+from forge_hip.arena import Placed, device_rows  # noqa: E402
+from forge_hip.library import ROUND_MODE, KernelLibrary  # noqa: E402
+from forge_hip.products import DESC, descriptor  # noqa: E402
+from forge_hip.runtime import open_runtime  # noqa: E402
+from forge_hip.sources import load_source  # noqa: E402
+from forge_hip.tuning import (  # noqa: E402
+    DEFAULT,
     MVQ_SMEM,
     MVQ_THREADS,
     mvq_global_x,
@@ -37,8 +46,6 @@ from forge_hip.plan import (  # noqa: E402
     mvq_variant,
     mvq_xbytes,
 )
-from forge_hip.runtime import open_runtime  # noqa: E402
-from forge_hip.sources import load_source  # noqa: E402
 
 from tests.support.quant_blocks import random_raw  # noqa: E402
 
@@ -104,8 +111,8 @@ class Bench:
             for t, n, raw in zip(types, ns, raws):
                 data, at = device_rows(t, raw)
                 w = self.put(data)
-                table.append([w.ptr + at, x.ptr, ys[len(table) % len(ns)].ptr, 0, TYPE_IDS[t], K, n,
-                              raw.shape[1]])  # fmt: skip
+                placed = Placed(w.ptr + at, t, K, n, raw.shape[1])
+                table.append(descriptor(placed, x.ptr, ys[len(table) % len(ns)].ptr, 0))
         descs = self.put(np.asarray(table, np.int64))
         self.tables[descs.ptr] = np.asarray(table, np.int64)
         return descs, copies, nbytes, x
@@ -157,7 +164,7 @@ class Bench:
                 items = sum(-(-n // rb) for n in (ns[:1] if glu else ns))
                 most = cfg.get("bps", 4) * self.sms
                 grid = -(-items // -(-items // most))
-                flags = cfg.get("flags", MVQ_FLAGS)
+                flags = cfg.get("flags", DEFAULT.mvq_flags)
                 need = mvq_need(types)
                 xg = 0
                 quant = None
@@ -198,23 +205,23 @@ class Bench:
         return out
 
     def gemm_enqueue(self, descs, count, ns, K, R, glu, types, x):
-        """The gemm path of forge_hip.plan._gemm for one copy of the product (and the gated
-        product's geglu): act_half per rounding mode, then gemm_m64/m128 over descriptors whose x
-        is the rounded activations."""
+        """The gemm path of forge_hip.products (Products._gemm) for one copy of the product (and
+        the gated product's geglu): act_half per rounding mode, then gemm_m64/m128 over
+        descriptors whose x is the rounded activations."""
         rt, lib, s = self.rt, self.lib, self.stream
         modes = sorted({ROUND_MODE[t] for t in types})
         half = {m: self.rt.alloc(4 * R * K) for m in modes}
         self.bufs += list(half.values())
         rows = self.tables[descs.ptr].copy()
         for i, row in enumerate(rows):
-            row[1] = half[ROUND_MODE[types[i % count]]].ptr
+            row[DESC["X"]] = half[ROUND_MODE[types[i % count]]].ptr
         descs_p = self.put(rows)
         blocks = -(-R // 128) * sum(-(-n // 128) for n in ns)
         bm = 128 if 2 * blocks >= self.sms else 64
         gemm = lib.get(f"gemm_m{bm}")
         act = lib.get("act_half")
         geglu = lib.get("geglu")
-        ys = [int(r[2]) for r in rows[:count]]
+        ys = [int(r[DESC["Y"]]) for r in rows[:count]]
 
         def enq(c):
             for m in modes:
@@ -272,6 +279,41 @@ def rows_sweep(b: Bench, rows: list[int], prefixes: list[str], out: str | None) 
     return 0
 
 
+# Launch knobs this sweep measures: knob -> (the run_shape config key, candidates).
+KNOBS = {"mvq_flags": ("flags", (0, 1, 3, 5, 7)), "mvq_blocks": ("bps", (2, 4, 8))}
+
+
+def write_tuning(b: Bench, out: Path) -> int:
+    """Time each knob's candidates over one decode step's products (R = 1) of both twins; the
+    best candidate (the sum over models of its step time relative to that model's best) goes
+    into <out>/<arch>.json with the per-model step times it rests on."""
+    knobs = {}
+    for knob, (key, values) in KNOBS.items():
+        steps: dict[int, dict[str, float]] = {v: {} for v in values}
+        for name, types, K, ns, glu, layers in SHAPES:
+            for r in b.run_shape(name, types, K, ns, glu, 1, [{"kind": "new", key: v}
+                                                             for v in values]):  # fmt: skip
+                v = int(r["cfg"].split(f"{key}=")[1])
+                model = name.split(".")[0]
+                steps[v][model] = steps[v].get(model, 0.0) + layers * r["us"]
+        best = {m: min(steps[v][m] for v in values) for m in steps[values[0]]}
+        score = {v: sum(steps[v][m] / best[m] for m in best) for v in values}
+        chosen = min(values, key=score.get)
+        shown = "; ".join(f"{v}: " + ", ".join(f"{m} {us:.1f} us" for m, us in steps[v].items())
+                          for v in values)  # fmt: skip
+        knobs[knob] = {"value": chosen, "measured": f"{b.rt.props.name}, "
+                       f"{time.strftime('%Y-%m-%d')}, one decode step's products per "
+                       f"candidate: {shown}"}  # fmt: skip
+        print(f"{knob}: {chosen} ({shown})", flush=True)
+    about = (f"Launch knobs measured on {b.rt.props.name} ({b.rt.props.arch}) by "
+             "benchmarks/mvq_sweep.py --tuning-out; the others: default.json.")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{b.rt.props.arch}.json"
+    path.write_text(json.dumps({"about": about, "knobs": knobs}, indent=2) + "\n")
+    print(f"wrote {path}", flush=True)
+    return 0
+
+
 def cfg_label(cfg) -> str:
     return ",".join(f"{k}={v}".replace("\n", ";") for k, v in cfg.items()) or "default"
 
@@ -282,8 +324,11 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--rows", type=int, nargs="+", help="sweep these token rows (9..32: servers)")
     ap.add_argument("--shapes", default="", help="name prefixes, e.g. g3 (default: all)")
+    ap.add_argument("--tuning-out", help="write the measured knobs as DIR/<arch>.json")
     args = ap.parse_args()
     b = Bench(args.quick)
+    if args.tuning_out:
+        return write_tuning(b, Path(args.tuning_out))
     if args.rows:
         return rows_sweep(b, args.rows, args.shapes.split(",") if args.shapes else [""], args.out)
     t0 = time.time()

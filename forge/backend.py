@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -39,6 +39,39 @@ class SeqBatch:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """The part of a model that one device holds and computes (Megatron-style tensor
+    parallelism: whole heads, FFN columns and vocabulary rows per device)."""
+
+    rank: int  # 0 .. world size - 1
+    device: int  # device index within the backend
+    device_name: str
+    heads: range  # query heads it computes (with their Q rows and attention output columns)
+    kv_heads: range  # KV heads its cache holds (replicated when fewer than devices)
+    ffn_columns: range  # gate/up columns (down rows) of the FFN
+    vocab: range  # rows of the output head (its logits)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a runner put its model: one shard per device, together covering every head, FFN
+    column and vocabulary row."""
+
+    shards: tuple[Shard, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shards)
+
+    @classmethod
+    def single(cls, spec: ModelSpec, device: int = 0, device_name: str = "") -> Placement:
+        """The whole model on one device."""
+        ffn = getattr(spec.ffn, "n_ff", 0)
+        return cls((Shard(0, device, device_name, range(spec.n_head), range(spec.n_head_kv),
+                          range(ffn), range(spec.n_vocab)),))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class DeviceSampling:
     """How to pick one sequence's next token without the host: the built-in chain top_k ->
     top_p -> min_p -> temperature -> draw (`forge.sampling`'s stages, same rules and ties), or
@@ -55,10 +88,28 @@ class DeviceSampling:
     min_p: float = 0.0  # 0: off
     key: int = 0  # 64-bit key of the sequence's random stream
     counter: int = 0  # which draw of that stream (32-bit)
+    # the tokens allowed at this step (structured output), as `pack_token_mask` packs them;
+    # None: every token. Masked tokens' logits are -inf before the chain runs.
+    mask: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def log_min_p(self) -> float:
         return math.log(self.min_p) if self.min_p > 0.0 else -math.inf
+
+
+def pack_token_mask(allowed: np.ndarray) -> np.ndarray:
+    """A bool array [n_vocab] of allowed tokens as uint32 words: token i is bit i % 32 of word
+    i // 32 (the layout sampling.hip's mask_logits reads)."""
+    bits = np.packbits(np.asarray(allowed, bool), bitorder="little")
+    words = np.zeros(-(-bits.size // 4) * 4, np.uint8)
+    words[: bits.size] = bits
+    return words.view("<u4").astype(np.uint32)
+
+
+def unpack_token_mask(mask: np.ndarray, n_vocab: int) -> np.ndarray:
+    """The bool array [n_vocab] a `pack_token_mask` result holds."""
+    bits = np.unpackbits(np.asarray(mask, "<u4").view(np.uint8), bitorder="little")
+    return bits[:n_vocab].astype(bool)
 
 
 _M32 = 0xFFFFFFFF
@@ -96,9 +147,11 @@ def sample_host(logits: np.ndarray, pick: DeviceSampling) -> int:
     from forge.sampling.select import survivors, weighted_index
     from forge.sampling.stages import MinP, Temperature, TopK, TopP
 
-    if pick.temperature == 0.0:
-        return greedy_pick(np.asarray(logits, np.float32), None)
     work = np.array(logits, dtype=np.float32)
+    if pick.mask is not None:
+        work[~unpack_token_mask(pick.mask, work.size)] = -np.inf
+    if pick.temperature == 0.0:
+        return greedy_pick(work, None)
     check_top(float(work.max()))
     stages = [TopK(pick.top_k) if pick.top_k > 0 else None,
               TopP(pick.top_p) if pick.top_p < 1.0 else None,
@@ -114,7 +167,7 @@ def sample_host(logits: np.ndarray, pick: DeviceSampling) -> int:
 
 
 class Runner(ABC):
-    """A model placed on one device, ready to run forward passes."""
+    """A model placed on its device(s), ready to run forward passes."""
 
     spec: ModelSpec
     # True when `forward_sample` picks on the device (only token ids come back); the engine
@@ -183,6 +236,11 @@ class Runner(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to free by default
         """Free device memory. Safe to call twice."""
+
+    @property
+    def placement(self) -> Placement:
+        """Which device holds which part of the model (by default all of it on device 0)."""
+        return getattr(self, "_placement", None) or Placement.single(self.spec)
 
     def memory_estimate(self) -> dict[str, int]:
         """Bytes this runner holds, by kind ("weights", "kv_cache", "workspace")."""

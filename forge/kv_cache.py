@@ -7,9 +7,23 @@ or cancelled sequence gives its blocks back at once.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 from forge.errors import ContextOverflowError, OutOfMemoryError
+
+
+class KvFormat(enum.Enum):
+    """How a runner stores K and V: the element type of its cache. Attention reads the stored
+    format directly."""
+
+    F32 = "f32"
+    F16 = "f16"
+
+    @property
+    def bytes_per_value(self) -> int:
+        return {KvFormat.F32: 4, KvFormat.F16: 2}[self]
 
 
 class BlockAllocator:

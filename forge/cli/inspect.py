@@ -143,7 +143,8 @@ def print_report(r: dict[str, Any], configured_n_ctx: int | None) -> None:
     s = r["spec"]
     if s:
         print(f"model: {s['arch']} {s['name']!r}: {s['n_layer']} layers, n_embd {s['n_embd']}, "
-              f"{s['n_head']} heads ({s['n_head_kv']} KV) of {s['head_dim']}, n_ff {s['ffn']['n_ff']}, "
+              f"{s['n_head']} heads ({s['n_head_kv']} KV) of {s['head_dim']}, "
+              f"n_ff {s['ffn']['n_ff']}, "
               f"vocab {s['n_vocab']}, trained context {s['n_ctx_train']}"
               f"{', tied output' if s['tied_output'] else ''}")  # fmt: skip
     else:

@@ -20,6 +20,7 @@ from forge.backend import (
     philox_uniform,
     sample_host,
 )
+from forge.errors import ForgeRuntimeError
 from forge.sampling import SamplingParams, build_sampler
 from forge.scheduler import Finished, Scheduler
 
@@ -152,8 +153,8 @@ def test_engine_samples_on_the_device_when_it_can(model, spy):
     assert model.complete("Once upon a time", **{**kw, "seed": 6}).tokens != out.tokens
     spy.calls.clear()
     greedy = model.complete("Once upon a time", max_tokens=6, temperature=0)
-    assert [c[0] for c in spy.calls] == ["sample"] + ["argmax"] * (len(greedy.tokens) - 1)
-    assert spy.calls[0][1] == [DeviceSampling()]
+    assert [c[0] for c in spy.calls] == ["sample"] * len(greedy.tokens)  # argmax picks
+    assert all(c[1] == [DeviceSampling()] for c in spy.calls)
     spy.calls.clear()
     model.complete("Once upon a time", max_tokens=4, temperature=0.9, repeat_penalty=1.2)
     assert {c[0] for c in spy.calls} == {"forward"}  # penalties keep the host path
@@ -198,7 +199,8 @@ def test_scheduler_batches_device_picks(model, spy):
 
 
 def test_hip_runner_writes_sampling_parameters(golden_dir):
-    from forge_hip.runner import SAMPLE_FIELDS, HipRunner
+    from forge_hip.runner import HipRunner
+    from forge_hip.step_meta import SAMPLE_FIELDS
 
     from forge.gguf import open_gguf
     from forge.models import build_spec
@@ -208,7 +210,7 @@ def test_hip_runner_writes_sampling_parameters(golden_dir):
     gguf = open_gguf(str(golden_dir / "models" / "gemma3-q4_k_m.gguf"))
     rt = FakeRuntime()
     runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt)
-    runner.plan.round_prefill = False  # float products: kernels named as the fake expects
+    runner.plan.products.round_prefill = False  # float products: kernels named as the fake expects
     runner.allocate_kv(16, 16)
     pick = DeviceSampling(0.7, 40, 0.9, 0.05, key=2**63 + 12345, counter=77)
     batch = [SeqBatch(np.array([5], np.int32), 3, np.arange(2, dtype=np.int32)),
@@ -235,3 +237,27 @@ def test_hip_runner_writes_sampling_parameters(golden_dir):
     # 11 rows: the prefill path (qk_rope_store, then attn_rows up to plan.ATT_ROWS_MAX rows)
     assert {"qk_rope_store", "attn_rows", "sample_rows"} <= {n for n, _, _ in rt.launches}
     runner.close()
+
+
+def test_token_masks_pack_and_apply_on_the_host():
+    from forge.backend import pack_token_mask, unpack_token_mask
+
+    rng = np.random.default_rng(3)
+    for n in (1, 31, 32, 33, 535, 262144):
+        allowed = rng.random(n) < 0.3
+        packed = pack_token_mask(allowed)
+        assert packed.dtype == np.uint32 and packed.size == -(-n // 32)
+        np.testing.assert_array_equal(unpack_token_mask(packed, n), allowed)
+        i = int(rng.integers(n))
+        word, bit = divmod(i, 32)
+        assert bool((int(packed[word]) >> bit) & 1) == allowed[i]
+    logits = rng.standard_normal(100).astype(np.float32)
+    allowed = np.zeros(100, bool)
+    allowed[[5, 17, 60]] = True
+    best = max((5, 17, 60), key=lambda i: logits[i])
+    assert sample_host(logits, DeviceSampling(mask=pack_token_mask(allowed))) == best
+    for c in range(20):
+        pick = DeviceSampling(1.0, key=9, counter=c, mask=pack_token_mask(allowed))
+        assert sample_host(logits, pick) in (5, 17, 60)
+    with pytest.raises(ForgeRuntimeError, match="every token is masked"):
+        sample_host(logits, DeviceSampling(mask=pack_token_mask(np.zeros(100, bool))))

@@ -113,6 +113,8 @@ def test_prefill_attention_plan_routing():
 
     from forge_hip.plan import Plan
 
+    from forge.kv_cache import KvFormat
+
     launches = []
 
     class Lib:
@@ -123,11 +125,14 @@ def test_prefill_attention_plan_routing():
         spec = SimpleNamespace(head_dim=d, head_dim_v=dv, n_head=8, n_head_kv=2, attn_scale=0.1,
                                layers=[SimpleNamespace(sliding_window=None)])  # fmt: skip
         p = Plan.__new__(Plan)
-        p.spec, p.lib, p.round_prefill = spec, Lib(), True
+        p.spec, p.lib = spec, Lib()
+        p.products = SimpleNamespace(round_prefill=True,
+                                     mats=[(SimpleNamespace(type=wtype), None)] * 3)  # fmt: skip
         p.ws = SimpleNamespace(q=1, attn=2)
-        p.layers, p.mats = [{"qkv": 0}], [(SimpleNamespace(type=wtype), None)] * 3
-        p.launch = lambda k, grid, block, args: launches.append((k, grid, block, args))
-        kv = SimpleNamespace(f16=f16, block_size=16, layer=lambda i: (10, 11))
+        p.attention = [SimpleNamespace(qkv=0)]
+        p._launch = lambda k, grid, block, args: launches.append((k, grid, block, args))
+        fmt = KvFormat.F16 if f16 else KvFormat.F32
+        kv = SimpleNamespace(format=fmt, block_size=16, layer=lambda i: (10, 11))
         meta = SimpleNamespace(bt=3, btoff=4, pos=5)
         return p, kv, meta
 
@@ -148,7 +153,7 @@ def test_prefill_attention_plan_routing():
     assert p._prefill_attention(9, meta, kv, 0) and launches[-1][0] == "attn_prefill_128"
     assert launches[-1][3][-1] == 0
     p, kv, meta = plan_for(128, 128, True)
-    p.round_prefill = False  # float32 math over the float16 cache
+    p.products.round_prefill = False  # float32 math over the float16 cache
     assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2
     p, kv, meta = plan_for(128, 128, True, "F32")  # F32 Q/K/V weights: float32 math as well
     assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2

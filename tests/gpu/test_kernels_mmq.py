@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_hip.library import KERNELS
-from forge_hip.plan import (
-    MMQ_LAUNCH_ROWS,
+from forge_hip.sources import load_source
+from forge_hip.tuning import (
+    DEFAULT,
     MMQ_TYPES,
     MVQ_THREADS,
     mmq_items,
@@ -17,12 +18,13 @@ from forge_hip.plan import (
     mmq_shape,
     mvq_need,
 )
-from forge_hip.sources import load_source
 
 from forge.backend import SeqBatch
 from tests.support.golden_rules import BOUNDS, greedy_mismatches, logit_errors
 from tests.support.gpu_helpers import golden_runner, rel_err
 from tests.support.mvq_cases import MvqCase, gated_act, mvq_k, quantize_x
+
+MMQ_LAUNCH_ROWS = DEFAULT.mmq_launch_rows
 
 
 def launch_mmq(
@@ -194,7 +196,7 @@ def test_many_row_decode_step_matches_one_row_steps(rt, golden_dir, name):
     row still meets the golden bounds and greedy picks differ only at near ties. mmq must have
     run."""
     runner = golden_runner(rt, golden_dir, name)
-    runner.plan.round_prefill = True
+    runner.plan.products.round_prefill = True
     launched = []
     launch = runner.plan.launch
 

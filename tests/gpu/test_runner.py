@@ -72,7 +72,7 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
         logits = [r[-1] for r in runner.forward(batch)]  # graph replay, logits
         mismatches = 0
         for graphs in (True, False):
-            runner.use_graphs = graphs
+            runner.graph_policy.enabled = graphs
             for c in range(6):
                 pick = DeviceSampling(0.9, 20, 0.9, 0.02, key=1234 + c, counter=c)
                 ids = runner.forward_sample(batch, [pick, None, DeviceSampling()])
@@ -80,12 +80,52 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
                 mismatches += ids[0] != sample_host(logits[0], pick)
                 assert ids == runner.forward_sample(batch, [pick, None, DeviceSampling()])
         assert mismatches <= 1
-        runner.use_graphs = True
+        runner.graph_policy.enabled = True
         # prefill: the pick of the last prompt row
         full = runner.forward([SeqBatch(seqs[1], 0, tables[1], "last")])[0][-1]
         pick = DeviceSampling(1.1, 0, 0.8, 0.0, key=99, counter=3)
         got = runner.forward_sample([SeqBatch(seqs[1], 0, tables[1])], [pick])
         assert got == [sample_host(full, pick)]
+    finally:
+        runner.close()
+
+
+def test_masked_picks_on_the_device(rt, golden_dir):
+    """Token masks through the runner: a graph-replayed decode step (its masked graph), the same
+    step without graphs, and a prefill's pick; every pick is allowed and equals the host
+    reference on the same step's logits with the same mask; unmasked steps are unchanged."""
+    from forge.backend import DeviceSampling, pack_token_mask, sample_host
+
+    runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
+    try:
+        rng = np.random.default_rng()
+        v = runner.spec.n_vocab
+        seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (9, 14, 5)]
+        tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32) for i in range(3)]
+        runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+        batch = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
+        logits = [r[-1] for r in runner.forward(batch)]
+        allowed = rng.random((3, v)) < 0.01
+        allowed[:, 1] = True
+        allowed[0, np.argmax(logits[0])] = False  # greedy must pick the best allowed one
+        masks = [pack_token_mask(a) for a in allowed]
+        for graphs in (True, False):
+            runner.graph_policy.enabled = graphs
+            picks = [DeviceSampling(mask=masks[0]), None,
+                     DeviceSampling(0.9, 20, 0.9, key=7, counter=1, mask=masks[2])]  # fmt: skip
+            ids = runner.forward_sample(batch, picks)
+            assert ids[1] is None and allowed[0, ids[0]] and allowed[2, ids[2]]
+            assert ids[0] == sample_host(logits[0], picks[0])
+            assert ids[2] == sample_host(logits[2], picks[2])
+            plain = runner.forward_sample(batch, [DeviceSampling(), None, DeviceSampling()])
+            assert plain[0] == int(np.argmax(logits[0]))
+        assert ("masked", 3) in runner.graphs.graphs
+        runner.graph_policy.enabled = True
+        full = runner.forward([SeqBatch(seqs[1], 0, tables[1], "last")])[0][-1]
+        pick = DeviceSampling(mask=masks[1])
+        assert runner.forward_sample([SeqBatch(seqs[1], 0, tables[1])], [pick]) == [
+            sample_host(full, pick)
+        ]
     finally:
         runner.close()
 
@@ -143,7 +183,7 @@ def _fed_and_host_fed(runner, n_seq: int, rng) -> tuple[list, list]:
     for k in range(1, 4):
         feed = list(range(n_seq))
         started.append(runner.start_sample(batch(k, [0] * n_seq), picks(k), feed, started[-1]))
-        if n_seq <= runner._decode_graph_rows:  # fed on the device, not read first
+        if n_seq <= runner.graph_policy.decode_rows:  # fed on the device, not read first
             assert list(runner.meta.field("feed")[:n_seq]) == feed
     return [c() for c in started], want
 
@@ -194,20 +234,23 @@ def test_generation_run_ahead_equals_step_by_step(rt, golden_dir):
 
 
 def test_replacement_matmul_kernel_is_used(rt, golden_dir):
-    """A plugin's Q8_0 matmul (here matvec.hip's per-type kernel) replaces the built-in one."""
+    """A plugin's Q8_0 matmul (tests/support/third_party_kernels' matvec.hip) replaces the
+    built-in one."""
     from forge_hip.library import HipKernel
+
+    from tests.support.gpu_helpers import THIRD_PARTY_KERNELS
 
     pm = get_plugin_manager()
     table = type(pm.kernels)()
     for key in pm.kernels.keys():
         for k in pm.kernels.candidates(*key):
             table.add(k)
-    custom = HipKernel("matvec.hip", "matvec_q8_0", "pppii")
+    custom = HipKernel("matvec.hip", "matvec_q8_0", directory=THIRD_PARTY_KERNELS)
     table.add(KernelSpec("hip", "matmul", "Q8_0", custom, priority=10, plugin="test"))
     base = golden_runner(rt, golden_dir, "llama-q8_0.gguf")
     repl = golden_runner(rt, golden_dir, "llama-q8_0.gguf", table)
     try:
-        assert all(impl == custom for _, impl in repl.plan.mats)
+        assert all(impl == custom for _, impl in repl.plan.products.mats)
         ids = np.arange(1, 12, dtype=np.int32)
         a = base.forward([SeqBatch(ids, 0, np.arange(4, dtype=np.int32), "all")])[0]
         b = repl.forward([SeqBatch(ids, 0, np.arange(4, dtype=np.int32), "all")])[0]
@@ -351,8 +394,8 @@ def test_one_row_decode_with_add_norm_folded_matches_separate(rt, golden_dir, na
     alternating buffers) give exactly the logits of the same steps with separate add_norm
     launches (both compute add_norm.h's arithmetic in one warp)."""
     runner = golden_runner(rt, golden_dir, name)
-    runner.plan.round_prefill = True  # the int8 decode products, where the fusion applies
-    runner.plan.quant_norm = False  # (which would take these add_norms first)
+    runner.plan.products.round_prefill = True  # the int8 decode products, where the fusion applies
+    runner.plan.products.quant_norm = False  # (which would take these add_norms first)
     try:
         logits, launched = _decode_steps(runner, "fuse_norm")
         np.testing.assert_array_equal(logits[True], logits[False])  # add_norm.h: the same bits
@@ -376,8 +419,8 @@ def test_decode_with_x_quantized_in_add_norm_matches_separate(rt, golden_dir, na
     a block's peak): that row still meets the golden bounds, and greedy picks differ only at
     near ties."""
     runner = golden_runner(rt, golden_dir, name)
-    runner.plan.round_prefill = True
-    runner.plan.fuse_norm = False
+    runner.plan.products.round_prefill = True
+    runner.plan.products.fuse_norm = False
     try:
         logits, launched = _decode_steps(runner, "quant_norm", n_seq)
         a, b = (logits[on].reshape(-1, runner.spec.n_vocab) for on in (True, False))
@@ -399,7 +442,9 @@ def test_prepared_pass_graphs_match_launches(rt, golden_dir):
     """Passes of 65-128 rows (past mmq.hip and attn_rows: the prefill products and
     attn_prefill.hip) replayed from graphs captured by prepare_batches give the logits the
     same pass launched kernel by kernel gives: a prompt alone, and a prompt beside decode rows."""
-    from forge_hip.runner import PASS_GRAPH_ROWS
+    from forge_hip.tuning import DEFAULT
+
+    PASS_GRAPH_ROWS = DEFAULT.pass_graph_rows
 
     runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
@@ -414,7 +459,7 @@ def test_prepared_pass_graphs_match_launches(rt, golden_dir):
         mixed = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(olds, tables)]
         runs = {}
         for graphs in (False, True):
-            runner.use_graphs = graphs
+            runner.graph_policy.enabled = graphs
             replays = len(runner.graphs.graphs)
             alone = runner.forward([SeqBatch(prompt, 0, tables[3], "all")])[0]
             both = runner.forward([*mixed, SeqBatch(prompt[:-3], 0, tables[3], "all")])
@@ -427,7 +472,7 @@ def test_prepared_pass_graphs_match_launches(rt, golden_dir):
             np.testing.assert_array_equal(a, b)
         assert np.abs(both1[3] - alone1[:-3]).max() <= 1e-3 * alone1.std()  # same prompt rows
     finally:
-        runner.use_graphs = True
+        runner.graph_policy.enabled = True
         runner.close()
 
 
@@ -448,12 +493,12 @@ def test_prepared_wide_decode_graphs_match_launches(rt, golden_dir):
         step = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
         runs = {}
         for graphs in (False, True):
-            runner.use_graphs = graphs
+            runner.graph_policy.enabled = graphs
             captured = len(runner.graphs.graphs)
             runs[graphs] = np.stack([r[-1] for r in runner.forward(step)])
             assert len(runner.graphs.graphs) == captured
         assert runs[True].shape == (70, v)
         np.testing.assert_array_equal(runs[True], runs[False])
     finally:
-        runner.use_graphs = True
+        runner.graph_policy.enabled = True
         runner.close()

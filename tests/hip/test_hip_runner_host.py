@@ -30,12 +30,10 @@ def _runner(golden_dir, name, rt):
 
 
 def test_mmq_past_64_rows_only_for_matrices_l2_holds(golden_dir, monkeypatch):
-    import forge_hip.plan as plan
-
-    # the golden gemma3's products are far under MMQ_REREAD_BYTES; as if they were over it
-    monkeypatch.setattr(plan, "MMQ_REREAD_BYTES", 1024)
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    # the golden gemma3's products are far under mmq_reread_bytes; as if they were over it
+    runner.plan.products.with_tuning(mmq_reread_bytes=1024)
     runner.allocate_kv(32, 16)
     for rows, kernel in ((64, "mmq_multi_m2"), (65, "gemm_m64")):
         rt.launches.clear()
@@ -46,13 +44,11 @@ def test_mmq_past_64_rows_only_for_matrices_l2_holds(golden_dir, monkeypatch):
 
 @pytest.mark.parametrize("limit,pf", [(None, 1), (1024, 0)])
 def test_mmq_prefetches_only_launches_under_the_byte_limit(golden_dir, monkeypatch, limit, pf):
-    import forge_hip.plan as plan
-
-    # the golden gemma3's matrices are far under MVQ_PREFETCH_BYTES; 1024: as if they were over
-    if limit is not None:
-        monkeypatch.setattr(plan, "MVQ_PREFETCH_BYTES", limit)
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    # the golden gemma3's matrices are far under mvq_prefetch_bytes; 1024: as if they were over
+    if limit is not None:
+        runner.plan.products.with_tuning(mvq_prefetch_bytes=limit)
     runner.allocate_kv(32, 16)
     runner.forward([SeqBatch(np.arange(1, 21, dtype=np.int32), 0, np.arange(2), "last")])
     # mmq_multi's and mmq_glu's last argument is pf
@@ -81,7 +77,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     runner = _runner(golden_dir, name, rt)
     runner.allocate_kv(32, 16)
     n_layer = runner.spec.n_layer
-    ids = np.arange(1, 41, dtype=np.int32)  # past plan.MVQ_MAX_ROWS: the prefill products
+    ids = np.arange(1, 41, dtype=np.int32)  # past mvq_max_rows: the prefill products
     table = np.arange(3, dtype=np.int32)
     for rep in range(2):  # a prompt pass of up to PASS_GRAPH_ROWS rows: captured, replayed
         rt.launches.clear()
@@ -89,7 +85,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
         assert rows[0].shape == (40, runner.spec.n_vocab)
         names = [n for n, _, cap in rt.launches if cap]
         if rep == 0:
-            # 40 rows: quantized types on mmq.hip (MMQ_MAX_ROWS), F32 on SIMT float32 tiles;
+            # 40 rows: quantized types on mmq.hip (mmq_max_rows), F32 on SIMT float32 tiles;
             # attention by attn_rows (ATT_ROWS_MAX)
             prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "mmq_multi_m2"
             assert prefill_kernel in names and "attn_rows" in names
@@ -103,10 +99,10 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
         assert "mmq_multi_m2" in names and "gemm_m64" not in names
     assert "attn_rows" in names and not any(n.startswith("attn_prefill") for n in names)
     rt.launches.clear()
-    long = np.arange(1, 141, dtype=np.int32)  # past PASS_GRAPH_ROWS and ATT_ROWS_MAX: launched
+    long = np.arange(1, 141, dtype=np.int32)  # past pass_graph_rows and att_rows_max: launched
     runner.forward([SeqBatch(long, 0, np.arange(5, 14, dtype=np.int32), "last")])
     assert not any(cap for _, _, cap in rt.launches)
-    prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # past MMQ_MAX_ROWS
+    prefill_kernel = "mm_tiled" if name == "llama-f32.gguf" else "gemm_m64"  # past mmq_max_rows
     assert {"qk_rope_store", prefill_kernel} <= {n for n, _, _ in rt.launches}
     assert "attn_rows" not in {n for n, _, _ in rt.launches}
     for step in range(3):
@@ -131,7 +127,7 @@ def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     assert anq == (0 if name == "llama-f32.gguf" else 2 * n_layer)
     assert per_step == 7 * n_layer + 5 + quants, per_step
     assert rt.replays == 2 + 1 + 3  # the 40-row pass twice, the 100-row once, 3 decode steps
-    assert runner.kv.f16 == (name != "llama-f32.gguf")
+    assert runner.kv.format.value == ("f32" if name == "llama-f32.gguf" else "f16")
     runner.close()
     assert not rt.live
 
@@ -190,7 +186,9 @@ def test_prepared_batches_replay_without_capturing(golden_dir):
     to PASS_GRAPH_ROWS rows, running nothing; the steps a scheduler then runs (decode, a prompt
     beside decode rows) launch nothing from Python, and a block-table buffer sized for the whole
     cache keeps the graphs valid for any batch."""
-    from forge_hip.runner import PASS_GRAPH_ROWS
+    from forge_hip.tuning import DEFAULT
+
+    PASS_GRAPH_ROWS = DEFAULT.pass_graph_rows
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
@@ -210,8 +208,9 @@ def test_prepared_batches_replay_without_capturing(golden_dir):
     assert not [n for n, _, cap in rt.launches if cap], "a graph was captured while serving"
     rt.launches.clear()
     runner.prepare_batches(PASS_GRAPH_ROWS + 40)  # decode steps past the decode graphs' rows
-    wide = {("pass", r, True) for r in range(runner._decode_graph_rows + 1, PASS_GRAPH_ROWS + 1)}
-    assert set(runner.graphs.graphs) == keys | set(range(7, runner._decode_graph_rows + 1)) | wide
+    decode_rows = runner.graph_policy.decode_rows
+    wide = {("pass", r, True) for r in range(decode_rows + 1, PASS_GRAPH_ROWS + 1)}
+    assert set(runner.graphs.graphs) == keys | set(range(7, decode_rows + 1)) | wide
     runner.close()
 
 
@@ -225,9 +224,10 @@ def test_one_row_decode_folds_add_norm_into_the_products(golden_dir, name):
     runner.allocate_kv(32, 16)
     n_layer, table = runner.spec.n_layer, np.arange(3, dtype=np.int32)
     counts = {}
-    runner.plan.quant_norm = False  # (which would take these add_norms first: the next test)
+    # quant_norm would take these add_norms first (the next test)
+    runner.plan.products.quant_norm = False
     for fuse, rows in ((True, 1), (False, 1), (True, 2)):
-        runner.plan.fuse_norm = fuse
+        runner.plan.products.fuse_norm = fuse
         runner.graphs.clear()
         rt.launches.clear()
         if fuse and rows == 1:
@@ -275,16 +275,13 @@ def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
             at = 0 if nxt == "mvq_multi_r1" else -1  # (the gated kernel has no count)
             assert (args[at + 7], args[at + 9]) == (need, ws.xq)
     w_next = [a[3] for n, a in calls if n == "add_norm_quant"]
-    layers = plan.layers
+    attention, ffn = plan.attention, plan.ffn
     assert w_next == [
-        layers[0]["attn_norm"],
+        attention[0].norm,
         *[
             w
-            for i, lay in enumerate(layers)
-            for w in (
-                lay["ffn_norm"],
-                layers[i + 1]["attn_norm"] if i + 1 < n_layer else plan.output_norm,
-            )
+            for i in range(n_layer)
+            for w in (ffn[i].norm, attention[i + 1].norm if i + 1 < n_layer else plan.output_norm)
         ],
     ]
     rt.launch_args.clear()  # a step of 5 rows: the same, on mmq.hip; the head keeps add_norm
@@ -299,14 +296,16 @@ def test_one_row_decode_quantizes_x_in_add_norm(golden_dir, name):
             assert nxt.startswith(("mmq_multi_m", "mmq_glu_m")) and ws.xq in args
     assert [n for n, _ in calls[-4:-1]] == ["add_norm", "mvq_quant", "mmq_multi_m1"]
     rt.launches.clear()
-    runner.use_graphs = False  # a pass, its head row gathered: the head's add_norm is launched
+    # a pass, its head row gathered: the head's add_norm is launched
+    runner.graph_policy.enabled = False
     runner.forward_argmax([SeqBatch(np.array([6], np.int32), 4, table)])
     names = [n for n, _, _ in rt.launches]
     at = names.index("gather_rows")
     assert names.count("add_norm") == 1 and names[at - 1] == "add_norm"
     assert names.count("add_norm_quant") == 2 * n_layer
     rt.launches.clear()
-    runner.use_graphs, plan.quant_norm, plan.fuse_norm = True, False, False
+    runner.graph_policy.enabled = True
+    plan.products.quant_norm, plan.products.fuse_norm = False, False
     runner.graphs.clear()
     runner.forward_argmax([SeqBatch(np.array([7], np.int32), 5, table)])
     names = [n for n, _, _ in rt.launches]
@@ -394,17 +393,15 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
 
 def test_only_small_decode_products_prefetch_their_first_rows(golden_dir, monkeypatch):
     """mmv.hip's L2 prefetch (flags bit 0) is asked for only by launches whose matrices hold at
-    most MVQ_PREFETCH_BYTES: the limit is set between this model's products here, so both kinds
+    most mvq_prefetch_bytes: the limit is set between this model's products here, so both kinds
     occur."""
-    import forge_hip.plan as plan_module
-
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
     runner.allocate_kv(32, 16)
-    mats = runner.plan.mats
+    mats = runner.plan.products.mats
     sizes = sorted({p.n * p.row_bytes for p, _ in mats})
     limit = sizes[len(sizes) // 2]
-    monkeypatch.setattr(plan_module, "MVQ_PREFETCH_BYTES", limit)
+    runner.plan.products.with_tuning(mvq_prefetch_bytes=limit)
     rt.launch_args.clear()
     runner.forward_argmax([SeqBatch(np.array([5], np.int32), 3, np.arange(3, dtype=np.int32))])
     seen = set()
@@ -414,16 +411,18 @@ def test_only_small_decode_products_prefetch_their_first_rows(golden_dir, monkey
         first, count = args[1], (args[2] if name.startswith("mvq_multi") else 2)
         flags = args[10] if name.startswith("mvq_multi") else args[9]
         big = sum(p.n * p.row_bytes for p, _ in mats[first : first + count]) > limit
-        assert flags == (0 if big else runner.plan.mvq_flags), (name, first, count)
+        assert flags == (0 if big else runner.plan.tune.mvq_flags), (name, first, count)
         seen.add(big)
     assert seen == {True, False}
     runner.close()
 
 
 def test_long_matrices_give_each_lane_a_whole_step_of_units():
-    """Output heads (MVQ_LONG_N rows or more) with short rows take fewer lanes per row, so that
+    """Output heads (mvq_long_n rows or more) with short rows take fewer lanes per row, so that
     every lane loads a whole step of units; other matrices keep the general rule."""
-    from forge_hip.plan import MVQ_LONG_N, mvq_lanes
+    from forge_hip.tuning import DEFAULT, mvq_lanes
+
+    MVQ_LONG_N = DEFAULT.mvq_long_n
 
     assert mvq_lanes(["Q8_0"], 640, 1, 262144) == 8  # gemma3 head: 40 units, 5 per lane
     assert mvq_lanes(["Q8_0"], 640, 1, 2048) == 16  # same rows, few of them
@@ -436,11 +435,11 @@ def test_long_matrices_give_each_lane_a_whole_step_of_units():
 
 
 def test_long_gated_rows_take_fewer_lanes_where_they_fill_the_gpu():
-    """One-row gated products with rows of 64 units or more take MVQ_PAIR_LANES when that still
-    leaves MVQ_PAIR_FILL blocks per compute unit; everything else keeps the general rule."""
-    from forge_hip.plan import MVQ_PAIR_LANES, mvq_lanes
+    """One-row gated products with rows of 64 units or more take mvq_pair_lanes when that still
+    leaves mvq_pair_fill blocks per compute unit; everything else keeps the general rule."""
+    from forge_hip.tuning import DEFAULT, mvq_lanes
 
-    assert MVQ_PAIR_LANES == 8
+    assert DEFAULT.mvq_pair_lanes == 8
     gate_up = (["Q4_K", "Q4_K"], 4096)  # llama-8B: 128 units per row, 14336 rows
     assert mvq_lanes(*gate_up, 1, 14336, True, 132) == 8  # 448 blocks of 32 rows: 3.4 per SM
     assert mvq_lanes(*gate_up, 1, 14336, True, 160) == 32  # too few blocks for 160 SMs
@@ -507,7 +506,7 @@ def test_q6_k_rows_put_scales_and_d_before_the_row_pointer():
 
 def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():
     """qk_rope_store's blocks: ceil((H + Hkv) / warps per block) for Q/K heads, then one per V."""
-    from forge_hip.plan import qk_rope_blocks
+    from forge_hip.tuning import qk_rope_blocks
 
     assert qk_rope_blocks(32, 8, 128, 32) == 10 + 8  # llama-8B: 40 Q/K heads over 4 warps
     assert qk_rope_blocks(4, 1, 128, 32) == 2 + 1  # gemma3: 5 heads, the second block one warp
@@ -515,7 +514,7 @@ def test_qk_rope_store_grid_gives_each_q_and_k_head_a_warp():
 
 
 def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
-    from forge_hip.plan import mmq_items, mmq_ks
+    from forge_hip.tuning import mmq_items, mmq_ks
 
     assert mmq_ks(640, ["Q8_0"], [262144], 132) == 1  # the head fills the GPU by its rows
     assert mmq_ks(4096, ["Q4_K"], [14336], 132) == 4  # 448 row groups of 32 rows: 2 per CU
@@ -529,9 +528,11 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     """2-64 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
     one mmq launch (m1 up to 16 rows, m1 over two 16-row halves up to 32, m2 over two 32-row
     halves above) writing those rows, with its row groups and warp split as the plan computes
-    them; attention splits stop at ATT_FILL blocks per compute unit. plan.mmq off: the mvq
+    them; attention splits stop at att_fill blocks per compute unit. plan.mmq off: the mvq
     kernels (or the prefill GEMM past 32)."""
-    from forge_hip.plan import ATT_FILL, MMQ_LAUNCH_ROWS, MMQ_WARPS, mmq_items
+    from forge_hip.tuning import DEFAULT, MMQ_WARPS, mmq_items
+
+    ATT_FILL, MMQ_LAUNCH_ROWS = DEFAULT.att_fill, DEFAULT.mmq_launch_rows
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
@@ -539,7 +540,7 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     spec, plan = runner.spec, runner.plan
     batch = [SeqBatch(np.array([5], np.int32), 3, np.array([r], np.int32)) for r in range(rows)]
     for mmq in (True, False):
-        plan.mmq = mmq
+        plan.products.mmq = mmq
         runner.graphs.clear()
         rt.launches.clear()
         rt.launch_args.clear()
@@ -566,7 +567,7 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
             if name.startswith("mmq_multi"):
                 first, count, r, r0 = args[1:5]
                 items, ks = args[8], args[9]
-                ns = [int(plan.descs[first + j][6]) for j in range(count)]
+                ns = [int(plan.products.descs[first + j][6]) for j in range(count)]
                 assert (r0, r) in halves and ks in (1, 2, 4, 8) and items == mmq_items(ns, ks)
                 seen.add(r0)
         assert seen == {r0 for r0, _ in halves}
@@ -577,10 +578,10 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     runner.close()
 
 
-def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir):
-    """A step of one-token pieces (a decode step) fills the host metadata through
-    `_prepare_decode`; every word of it, and what it returns, equals `_prepare_rows`' result
-    for the same pieces: positions across block boundaries, tables longer than needed, outputs
+def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir, monkeypatch):
+    """A step of one-token pieces (a decode step) fills the host metadata through step_meta's
+    `_prepare_decode`; every word of it, and what it returns, equals `_prepare_rows`' result for
+    the same pieces: positions across block boundaries, tables longer than needed, outputs
     "last" / "all" / "none", argmax and sampled picks, fed and unfed rows."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
@@ -596,10 +597,13 @@ def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir
     picks = [None if b.output == "none" else (sampled if i % 2 else DeviceSampling())
              for i, b in enumerate(chunk)]  # fmt: skip
     feed = [int(i) if i % 4 else -1 for i in range(n)]
+    from forge_hip import step_meta
+
     results = []
-    for prepare in (runner._prepare_rows, runner._prepare_decode):
+    for prepare in (step_meta._prepare_rows, step_meta._prepare_decode):
         runner.meta.host[:] = 12345  # what either leaves unwritten stays so
-        rows, wanted, n_bt = prepare(chunk, picks, feed)
+        rows, wanted, n_bt = prepare(runner.meta, runner.spec.n_vocab, 256, 16, chunk,
+                                     runner.graphs.clear, picks, feed)  # fmt: skip
         results.append((rows, [w.tolist() for w in wanted], n_bt, runner.meta.host.copy()))
     (rows, wanted, n_bt, host), fast = results
     assert rows == n and n_bt == sum(int(p) // 16 + 1 for p in starts)
@@ -609,7 +613,8 @@ def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir
     def general(*args):
         raise AssertionError("a decode step took the general path")
 
-    runner._prepare_rows = general  # one-token pieces take the fast path; longer ones cannot
+    # one-token pieces take the fast path; longer ones cannot
+    monkeypatch.setattr(step_meta, "_prepare_rows", general)
     assert runner._prepare(chunk, picks, feed)[0] == n
     longer = [SeqBatch(np.array([1, 2], np.int32), 0, np.arange(2, dtype=np.int32))]
     with pytest.raises(AssertionError, match="general path"):
@@ -637,3 +642,40 @@ def test_arena_places_exactly_the_weight_table(golden_dir, name):
                 *w.shape(runner.spec),
             )
     runner.close()
+
+
+def test_masked_picks_launch_mask_logits_before_sampling(golden_dir):
+    """A step whose picks carry token masks: their rows' masks are uploaded (all-ones for rows
+    without) and mask_logits runs before sample_rows, in a graph of its own for decode steps;
+    unmasked steps launch no mask_logits."""
+    from forge.backend import pack_token_mask
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "qwen2-q4_k.gguf", rt)
+    runner.allocate_kv(32, 16)
+    v = runner.spec.n_vocab
+    allowed = np.zeros(v, bool)
+    allowed[[3, 40, v - 1]] = True
+    mask = pack_token_mask(allowed)
+    batch = [SeqBatch(np.array([5 + i], np.int32), 3, np.array([i], np.int32)) for i in range(3)]
+    picks = [DeviceSampling(mask=mask), None, DeviceSampling(temperature=0.5, key=2)]
+    runner.forward_sample(batch, picks)
+    names = [n for n, _, _ in rt.launches]
+    assert names[-2:] == ["mask_logits", "sample_rows"]
+    assert ("masked", 3) in runner.graphs.graphs and 3 not in runner.graphs.graphs
+    mask_args = next(a for n, a in rt.launch_args if n == "mask_logits")
+    assert mask_args[1:] == [v, runner.masks.address()]
+    np.testing.assert_array_equal(runner.masks.host[0], mask)
+    assert (runner.masks.host[1:3] == 0xFFFFFFFF).all()
+    rt.launches.clear()
+    runner.forward_sample(batch, [DeviceSampling()] * 3)  # unmasked: the plain graph
+    assert 3 in runner.graphs.graphs and "mask_logits" not in [n for n, _, _ in rt.launches]
+    rt.launches.clear()
+    prompt = SeqBatch(np.arange(1, 20, dtype=np.int32), 0, np.arange(4, 6, dtype=np.int32))
+    runner.forward_sample([prompt], [DeviceSampling(mask=mask)])  # a pass: gathered output
+    names = [n for n, _, _ in rt.launches]
+    assert names[-2:] == ["mask_logits", "sample_rows"]
+    with pytest.raises(ForgeRuntimeError, match="token mask of 2 words"):
+        runner.forward_sample(batch[:1], [DeviceSampling(mask=mask[:2])])
+    runner.close()
+    assert not rt.live

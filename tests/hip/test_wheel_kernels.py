@@ -25,18 +25,24 @@ KERNELS = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".
 
 ASK_INSTALLED = """
 import json, forge_hip.sources as s
+from forge_hip.contract import kernel_signatures
+from forge_hip.tuning import load_tuning
 d = s.kernel_dir()
 print(json.dumps({"module": s.__file__, "dir": str(d), "files": s.source_names(),
-                  "texts": {n: len(s.load_source(n)) for n in s.source_names()}}))
+                  "texts": {n: len(s.load_source(n)) for n in s.source_names()},
+                  "kernels": len(kernel_signatures()), "tuning": str(load_tuning())}))
 """
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the checkout (the build leaves build/ behind)."""
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "forge"
+    junk = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".forge-cache", ".whl*")
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*junk))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(ROOT)],
+         "-w", str(out), str(src)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -70,6 +76,7 @@ def installed(wheel, tmp_path_factory) -> dict:
 
 def test_wheel_holds_every_kernel_source(wheel):
     names = zipfile.ZipFile(wheel).namelist()
+    assert "forge_hip/tuned/default.json" in names
     packaged = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith("forge_hip/kernels/"))
     assert packaged == KERNELS
     for name in KERNELS:
@@ -83,6 +90,7 @@ def test_installed_plugin_finds_its_own_kernels(installed):
     assert kernel_dir.is_relative_to(installed["venv"]) and kernel_dir.name == "kernels"
     assert installed["files"] == [n for n in KERNELS if n.endswith(".hip")]
     assert all(n > 0 for n in installed["texts"].values())
+    assert installed["kernels"] > 40 and installed["tuning"].startswith("Tuning(")
     for name in KERNELS:
         assert (kernel_dir / name).read_bytes() == (ROOT / "kernels" / name).read_bytes()
 

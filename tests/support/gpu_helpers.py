@@ -3,11 +3,16 @@ golden models."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from forge.gguf import open_gguf
 from forge.models import build_spec
 from forge.plugins import get_plugin_manager
+
+# A "matmul" kernel for every weight type, shipped as a third-party plugin would ship it.
+THIRD_PARTY_KERNELS = str(Path(__file__).resolve().parent / "third_party_kernels")
 
 
 class Dev:
@@ -83,6 +88,7 @@ def golden_runner(rt, golden_dir, name, kernels=None):
 
     _, gguf, spec = golden_model(golden_dir, name)
     runner = HipRunner(spec, gguf, kernels or get_plugin_manager().kernels, runtime=rt)
-    runner.plan.round_prefill = False  # the same float math on every path: tight comparisons
+    # the same float math on every path: tight comparisons
+    runner.plan.products.round_prefill = False
     runner.allocate_kv(64, 16)
     return runner

@@ -9,7 +9,7 @@ import math
 import gguf
 import numpy as np
 from forge_hip.library import ROUND_MODE, TYPE_IDS
-from forge_hip.plan import MVQ_THREADS, mvq_xbytes
+from forge_hip.tuning import MVQ_THREADS, mvq_xbytes
 from gguf import GGMLQuantizationType, quants
 
 from tests.support.quant_blocks import random_raw

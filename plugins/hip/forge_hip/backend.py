@@ -61,6 +61,6 @@ class HipBackend(Backend):
         return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx)
 
     def memory_needed(self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
-        from forge_hip.runner import memory_needed
+        from forge_hip.capacity import memory_needed
 
         return memory_needed(spec, gguf, n_ctx)

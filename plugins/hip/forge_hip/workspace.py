@@ -8,14 +8,20 @@ from __future__ import annotations
 
 from forge.models.spec import ModelSpec
 from forge_hip.arena import align
-from forge_hip.library import SAMPLE_PARTS
+from forge_hip.contract import constants
 from forge_hip.runtime.base import DeviceBuffer, Runtime
+from forge_hip.tuning import DEFAULT, Tuning
 
 ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
 OUT_BYTES = 64 << 20  # bound of the logits buffer
 MAX_SPLITS = 16  # decode attention splits over the KV length
 PART_ROWS = max(ROW_CAP, 16 * MAX_SPLITS)  # (row, split) pairs the attention partials hold
-DESC_LEN = 8  # int64 per matrix descriptor (linear.hip)
+DESC_LEN = constants()["DESC_LEN"]  # int64 per matrix descriptor
+
+
+def mask_words(n_vocab: int) -> int:
+    """u32 words of one row's token mask (forge.backend.pack_token_mask)."""
+    return -(-n_vocab // 32)
 
 
 def out_rows(spec: ModelSpec) -> int:
@@ -23,7 +29,7 @@ def out_rows(spec: ModelSpec) -> int:
     return max(1, min(ROW_CAP, OUT_BYTES // (4 * spec.n_vocab)))
 
 
-def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
+def buffer_sizes(spec: ModelSpec, n_desc: int, tune: Tuning = DEFAULT) -> dict[str, int]:
     """Bytes of each workspace buffer."""
     s, r, o = spec, ROW_CAP, out_rows(spec)
     part_rows = PART_ROWS
@@ -46,7 +52,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int) -> dict[str, int]:
         "hg": 4 * o * s.n_embd,
         "logits": 4 * o * s.n_vocab,
         "am": 4 * o,
-        "smp_part": 4 * 3 * o * SAMPLE_PARTS,  # sample_rows' per-slice (max, id, bad)
+        "smp_part": 4 * 3 * o * tune.sample_parts,  # sample_rows' per-slice (max, id, bad)
         "smp_cnt": 4 * o,  # sample_rows' slice counters (zero between launches)
         "descs": 8 * DESC_LEN * n_desc,
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
@@ -60,16 +66,16 @@ def n_descs(spec: ModelSpec) -> int:
     return 7 * spec.n_layer + 2
 
 
-def workspace_bytes(spec: ModelSpec) -> int:
-    return sum(align(v) for v in buffer_sizes(spec, n_descs(spec)).values())
+def workspace_bytes(spec: ModelSpec, tune: Tuning = DEFAULT) -> int:
+    return sum(align(v) for v in buffer_sizes(spec, n_descs(spec), tune).values())
 
 
 class Workspace:
     """The buffers of `buffer_sizes`, as attributes holding device addresses."""
 
-    def __init__(self, rt: Runtime, spec: ModelSpec):
+    def __init__(self, rt: Runtime, spec: ModelSpec, tune: Tuning = DEFAULT):
         self.rt = rt
-        sizes = buffer_sizes(spec, n_descs(spec))
+        sizes = buffer_sizes(spec, n_descs(spec), tune)
         self.nbytes = sum(align(v) for v in sizes.values())
         self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
         at = self.buffer.ptr

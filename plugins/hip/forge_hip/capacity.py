@@ -1,0 +1,52 @@
+"""Whether the hip kernels can run a model, and what it needs on the device: weights, an
+n_ctx KV cache (in the format the runner picks) and the workspace."""
+
+from __future__ import annotations
+
+import os
+
+from forge.errors import UnsupportedModelError
+from forge.gguf import GGUFFile
+from forge.kv_cache import KvFormat
+from forge.models.spec import DenseFFN, ModelSpec
+from forge.models.weights import model_weights
+from forge_hip.arena import layout
+from forge_hip.contract import constants
+from forge_hip.kv import kv_bytes
+from forge_hip.workspace import workspace_bytes
+
+MAX_HEAD_DIM = constants()["LAYER_MAX_D"]
+MAX_EMBD = 1024 * constants()["AN_PER"]  # add_norm holds a row in one block's registers
+
+
+def kv_format(spec: ModelSpec, gguf: GGUFFile) -> KvFormat:
+    """float16 KV unless every matrix is F32 (their golden bounds are below f16 rounding);
+    $FORGE_HIP_KV ("f16" or "f32") overrides."""
+    forced = os.environ.get("FORGE_HIP_KV", "").lower()
+    if forced in ("f16", "f32"):
+        return KvFormat(forced)
+    matrices = [n for n, w in model_weights(spec).items() if w.kind == "matrix"]
+    return KvFormat.F16 if any(gguf.tensors[n].type != "F32" for n in matrices) else KvFormat.F32
+
+
+def memory_needed(spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
+    """Device bytes for weights, an `n_ctx` KV cache and the workspace."""
+    return {
+        "weights": layout(spec, gguf)[1],
+        "kv_cache": kv_bytes(spec, n_ctx, kv_format(spec, gguf)),
+        "workspace": workspace_bytes(spec),
+    }
+
+
+def check_spec(spec: ModelSpec) -> None:
+    """Raise UnsupportedModelError naming what the hip kernels cannot run."""
+    if not isinstance(spec.ffn, DenseFFN):
+        raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
+    if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
+        raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
+    if spec.head_dim % 8 or spec.head_dim_v % 8:  # attention.hip reads K/V rows in 16-byte words
+        raise UnsupportedModelError("hip needs head dims that are multiples of 8")
+    if spec.n_embd > MAX_EMBD:
+        raise UnsupportedModelError(f"hip supports n_embd up to {MAX_EMBD}")
+    if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
+        raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
