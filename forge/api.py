@@ -18,18 +18,18 @@ import numpy as np
 
 from forge.backend import Runner, SeqBatch
 from forge.errors import ContextOverflowError, ForgeError, UsageError
-from forge.generation import SequenceState, TokenEvent
+from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
 from forge.kv_cache import BlockAllocator, BlockTable
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
+from forge.scheduler import PREFILL_CHUNK, Finished, Scheduler
 from forge.tokenizer import Tokenizer, render_chat, resolve_chat_template, tokenizer_from_metadata
 
 log = logging.getLogger("forge")
 
 BLOCK_SIZE = 16  # positions per KV block
 DEFAULT_N_CTX = 4096  # context when the config does not say (the model's own may be far larger)
-PREFILL_CHUNK = 512  # prompt tokens per forward pass
 
 
 @dataclass
@@ -180,83 +180,27 @@ class Model:
         )
 
     def _run(self, state: SequenceState) -> Iterator[str]:
-        table = BlockTable(self.allocator, self.n_ctx)
-        ids = np.asarray(state.prompt, dtype=np.int32)
+        """The sequence's text pieces, run on the scheduler's step loop in this thread (a
+        scheduler of its own: prefill in PREFILL_CHUNK pieces, then decode steps, started ahead
+        on a runner that feeds its picks; generators advanced in turn stay independent)."""
         t0 = time.perf_counter()
+        t1 = None
         self.last_timings = {
-            "prompt_tokens": len(ids),
+            "prompt_tokens": len(state.prompt),
             "prompt_seconds": 0.0,
             "generated_tokens": 0,
             "generation_seconds": 0.0,
         }
-        on_device = getattr(self.runner, "samples_on_device", False) and bool(state.device_pick())
-        try:
-            table.ensure(len(ids))
-            row = None
-            for lo in range(0, len(ids), PREFILL_CHUNK):
-                chunk = ids[lo : lo + PREFILL_CHUNK]
-                batch = [SeqBatch(chunk, lo, table.array(), "none")]
-                if lo + len(chunk) < len(ids):
-                    self.runner.forward(batch)
-                elif on_device:  # the first token picked on the device: no logits row copied
-                    row = self.runner.forward_sample(batch, [state.device_pick()])[0]
-                else:
-                    batch[0].output = "last"
-                    row = self.runner.forward(batch)[0]
-            t1 = time.perf_counter()
-            self.last_timings["prompt_seconds"] = t1 - t0
-            event = state.take(row) if on_device else state.step(row[-1])
-            if on_device and getattr(self.runner, "feeds_picks", False):
-                steps = self._decode_ahead(state, table)
-            else:
-                steps = self._decode_steps(state, table, on_device)
-            while True:
-                if event.text:
-                    yield event.text
-                self.last_timings["generated_tokens"] = len(state.generated)
-                self.last_timings["generation_seconds"] = time.perf_counter() - t1
-                if state.finished:
-                    return
-                event = next(steps)
-        finally:
-            table.release()
-
-    def _decode_steps(
-        self, state: SequenceState, table: BlockTable, on_device: bool
-    ) -> Iterator[TokenEvent]:
-        """`_run`'s decode: the event of each next token, one step at a time after the token
-        before it was taken."""
-        while True:
-            pos = len(state.prompt) + len(state.generated) - 1
-            table.ensure(pos + 1)
-            batch = [SeqBatch(np.array([state.generated[-1]], np.int32), pos, table.array())]
-            if state.is_greedy:
-                yield state.take(self.runner.forward_argmax(batch)[0])
-            elif on_device:
-                yield state.take(self.runner.forward_sample(batch, [state.device_pick()])[0])
-            else:
-                yield state.step(self.runner.forward(batch)[0][-1])
-
-    def _decode_ahead(self, state: SequenceState, table: BlockTable) -> Iterator[TokenEvent]:
-        """`_run`'s decode on a runner that feeds picks: each step starts before the last one's
-        token is read, that token fed from its pick on the device, so the device never waits
-        for the host. A step started for a sequence that the token before it ended (an
-        end-of-generation token, a stop string) is dropped with this generator."""
-        runner, started = self.runner, None
-        while True:
-            pos = len(state.prompt) + len(state.generated) - 1
-            if started is None:  # the step feeding the token just taken
-                table.ensure(pos + 1)
-                batch = [SeqBatch(np.array([state.generated[-1]], np.int32), pos, table.array())]
-                started = runner.start_sample(batch, [state.device_pick()])
-            ahead = None
-            if not state.full_after(1):  # the step after it, fed from its pick
-                table.ensure(pos + 2)
-                batch = [SeqBatch(np.zeros(1, np.int32), pos + 1, table.array())]
-                pick = [state.device_pick(ahead=1)]
-                ahead = runner.start_sample(batch, pick, feed=[0], feed_from=started)
-            yield state.take(started()[0])
-            started = ahead
+        for event in Scheduler(self, max_batch=1, max_queue=1).run_here(state):
+            if isinstance(event, Finished):
+                return
+            if t1 is None:
+                t1 = time.perf_counter()
+                self.last_timings["prompt_seconds"] = t1 - t0
+            if event.text:
+                yield event.text
+            self.last_timings["generated_tokens"] = len(state.generated)
+            self.last_timings["generation_seconds"] = time.perf_counter() - t1
 
     def _check_ids(self, ids: Any) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)

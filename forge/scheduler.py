@@ -34,19 +34,21 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from forge.backend import DeviceSampling, SeqBatch
-from forge.errors import ForgeError, OutOfMemoryError
+from forge.errors import ForgeError, ForgeRuntimeError, OutOfMemoryError
 from forge.generation import SequenceState, TokenEvent
 from forge.kv_cache import BlockTable
 
 log = logging.getLogger("forge.scheduler")
 
-PREFILL_CHUNK = 256  # prompt tokens per step, over all prefilling sequences
+# Prompt tokens per step, over all prefilling sequences (also the chunk of `Model.logits`): a
+# long prompt runs in pieces, so decoding sequences beside it are not stalled for its whole length.
+PREFILL_CHUNK = 256
 _FED_PLACEHOLDER = np.zeros(1, np.int32)  # the token of a sequence fed on the device
 _FED_PLACEHOLDER.flags.writeable = False
 
@@ -211,6 +213,31 @@ class Scheduler:
     @property
     def accepting(self) -> bool:
         return self._accepting
+
+    def run_here(self, state: SequenceState) -> Iterator[TokenEvent | Finished]:
+        """Run one sequence on the calling thread through the same steps the scheduler thread
+        runs (prefill chunks, the runner's step-ahead feeding), without starting that thread:
+        `Model.generate`. Yields its events, the last one `Finished`; an error of a pass is
+        raised here. Closing the generator early cancels the sequence and frees its blocks."""
+        if self._thread is not None:
+            raise ForgeRuntimeError("run_here needs a scheduler without its own thread")
+        events: collections.deque[TokenEvent | Finished] = collections.deque()
+        handle = self.submit(state, events.append)
+        started: _Started | None = None
+        try:
+            while True:
+                while events:
+                    event = events.popleft()
+                    yield event
+                    if isinstance(event, Finished):
+                        return
+                self._drop_cancelled()
+                self._admit()
+                started = self._advance(started)
+        finally:
+            if not handle.done:
+                handle.cancel()
+                self._drop_cancelled()
 
     def _wake(self) -> None:
         with self._cond:
