@@ -44,6 +44,10 @@ def forge_register_kernels(register: Callable[..., None]) -> None:
         backend expects for that op (its docs say), ``priority`` an int: for one
         (backend, op, weight_type) the highest priority wins, so a plugin can replace a built-in
         kernel by registering with a higher priority. Built-in kernels use priority 0.
+
+    Each backend documents its op vocabulary (the op names it looks up, the ``impl`` each takes,
+    the weight layout it hands a kernel) where it registers its own kernels: the module
+    docstrings of ``forge_cpu_simd.plugin`` and ``forge_hip.plugin``.
     """
 
 

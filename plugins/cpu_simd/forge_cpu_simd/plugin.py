@@ -1,4 +1,22 @@
-"""The cpu_simd plugin: registers the NumPy backend through forge's hooks like any plugin."""
+"""The cpu_simd plugin: registers the NumPy backend through forge's hooks like any plugin.
+
+The kernel vocabulary of backend "cpu_simd" (what `forge_register_kernels` takes for it; the
+highest priority wins, the built-in kernels register at 0). Arrays are float32 NumPy arrays,
+rows first:
+- "matmul", per weight type: an object with `prepare(raw, info) -> prepared`, called once at
+  load with the tensor's GGUF bytes as stored (uint8 [rows, row_bytes], memory-mapped; no
+  rearrangement) and its `forge.gguf.TensorInfo`, and `__call__(x, prepared) -> y` computing
+  y = x @ W.T for x [tokens, in]. Optional `fuse(list_of_prepared) -> prepared | None`: stack
+  weights that share an input (Q/K/V, gate/up) into one product.
+- "rms_norm": (x, weight, eps) -> x / sqrt(mean(x^2) + eps) * weight over the last axis.
+- "rope": (x [tokens, heads, head_dim], cos, sin, neox) rotates x in place (`ops.rope_tables`).
+- "attention": (q [n, H, D], k [T, Hkv, D], v [T, Hkv, Dv], q_pos, scale, window) -> [n, H, Dv],
+  one sequence, causal (and sliding-window).
+- "decode_attention": (q [S, H, D], k_cache, v_cache, past [S, T] slots, valid [S, T] mask,
+  scale) -> [S, H, Dv]: one query row per sequence over the paged cache.
+- "silu", "gelu_tanh": the gate activations, elementwise.
+`forge_cpu_simd.ops` and `forge_cpu_simd.matmul` hold the built-in ones.
+"""
 
 from __future__ import annotations
 
