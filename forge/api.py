@@ -132,6 +132,8 @@ class Model:
         """A new sequence state for `prompt` (validated against the context, not yet run)."""
         if max_tokens is None or max_tokens < 1:
             raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        if isinstance(prompt, str):
+            self._check_text_fits(prompt)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         ids = self._check_ids(ids)
         if len(ids) >= self.n_ctx:
@@ -202,8 +204,22 @@ class Model:
             self.last_timings["generated_tokens"] = len(state.generated)
             self.last_timings["generation_seconds"] = time.perf_counter() - t1
 
+    def _check_text_fits(self, text: str) -> None:
+        """Refuse, without tokenizing it, a text that has more tokens than the context holds
+        whatever its tokenization: no token stands for more than `max_token_bytes` bytes."""
+        n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+        at_least = -(-n_bytes // self.tokenizer.max_token_bytes)
+        if at_least > self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt ({n_bytes} bytes) has at least {at_least} tokens but the context "
+                f"holds {self.n_ctx}; shorten it or raise n_ctx"
+            )
+
     def _check_ids(self, ids: Any) -> np.ndarray:
-        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        try:
+            arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        except (OverflowError, ValueError, TypeError):
+            raise UsageError(f"token ids must be integers in 0..{self.spec.n_vocab - 1}") from None
         if arr.size == 0:
             raise UsageError("the prompt is empty (no tokens)")
         if arr.min() < 0 or arr.max() >= self.spec.n_vocab:

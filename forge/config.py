@@ -51,6 +51,10 @@ class ServerConfig(BaseModel):
     host: str = "127.0.0.1"  # loopback by default: exposing it is a deliberate choice
     port: int = Field(8080, ge=0, le=65535)
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    api_key_file: str | None = None  # a file holding the key (kept out of `ps` and configs)
+    max_body_bytes: int = Field(4 << 20, ge=1024)  # larger request bodies get HTTP 413
+    metrics_public: bool = False  # /metrics without the API key
+    drain_timeout: float = Field(30.0, ge=0)  # at a stop, seconds running requests may finish
     max_queue: int = Field(64, ge=1)  # requests waiting beyond this are refused (HTTP 503)
     max_batch: int = Field(8, ge=1)  # sequences decoded together
 
@@ -146,8 +150,17 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc}") from None
 
 
+# Never shown: `forge config` says whether it is set, error messages leave its value out.
+SECRET_KEYS = frozenset({"server.api_key"})
+# Other variables that set a key, below FORGE_<KEY> in precedence.
+ENV_ALIASES = {"FORGE_API_KEY": "server.api_key"}
+
+
 def _from_env(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     found: dict[str, tuple[Any, str]] = {}
+    for var, key in ENV_ALIASES.items():
+        if environ.get(var):
+            found[key] = (environ[var], f"env {var}")
     for key in config_keys():
         var = env_var(key)
         if var in environ:
@@ -208,6 +221,8 @@ def _describe(exc: ValidationError, sources: Mapping[str, str]) -> str:
         source = next((sources[p] for p in prefixes if p in sources), "default")
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown key {key!r} (from {source})")
+        elif key in SECRET_KEYS:
+            parts.append(f"{key}: {err['msg']} (from {source})")
         else:
             parts.append(f"{key}: {err['msg']}, got {err.get('input')!r} (from {source})")
     return "invalid configuration: " + "; ".join(parts)

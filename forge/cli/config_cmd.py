@@ -6,10 +6,9 @@ import argparse
 from typing import Any
 
 from forge.cli.common import Context, add_command, print_json, print_table
-from forge.config import effective_items, find_config_file
+from forge.config import SECRET_KEYS, effective_items, find_config_file
 
 ORDER = 30
-_SECRET = ("server.api_key",)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -19,9 +18,9 @@ def add_parser(subparsers: Any) -> None:
 
 def show_config(args: argparse.Namespace, ctx: Context) -> int:
     items = effective_items(ctx.config)
-    for key in _SECRET:
+    for key in SECRET_KEYS:  # whether it is set, never its value
         if items.get(key) is not None:
-            items[key] = "***"
+            items[key] = "(set)"
     if args.json:
         print_json({k: {"value": v, "source": ctx.sources[k]} for k, v in items.items()})
         return 0

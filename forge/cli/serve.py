@@ -3,7 +3,8 @@
 Binds 127.0.0.1 unless --host says otherwise. The model runs in a child process (HTTP here, the
 engine there: `forge.server.engine_process`) and loads in the background: /health answers at
 once, /ready turns 200 when the model is in. SIGTERM (or Ctrl-C) stops new requests
-(503) and lets the running ones finish before the process exits.
+(503) and lets the running ones finish, for up to --drain-timeout seconds, then exits 0; a
+second signal exits at once (`forge.server.shutdown`).
 """
 
 from __future__ import annotations
@@ -27,26 +28,32 @@ def add_parser(subparsers: Any) -> None:
     add_config_flag(g, "--host", key="server.host", help="address to bind (default 127.0.0.1)")
     add_config_flag(g, "--port", key="server.port", help="TCP port (default 8080; 0 = any free)")
     add_config_flag(g, "--api-key", key="server.api_key",
-                    help="require 'Authorization: Bearer KEY' (also FORGE_API_KEY)")  # fmt: skip
+                    help="require 'Authorization: Bearer KEY' (shows in ps: prefer "
+                         "--api-key-file or FORGE_API_KEY)")  # fmt: skip
+    add_config_flag(g, "--api-key-file", key="server.api_key_file",
+                    help="read the API key from this file (its first line)")  # fmt: skip
+    add_config_flag(g, "--max-body-bytes", key="server.max_body_bytes",
+                    help="larger request bodies get 413 (default 4 MiB)")  # fmt: skip
+    add_config_flag(g, "--drain-timeout", key="server.drain_timeout",
+                    help="seconds running requests get after SIGTERM (default 30)")  # fmt: skip
     add_config_flag(g, "--max-queue", key="server.max_queue", help="waiting requests before 429")
     add_config_flag(g, "--max-batch", key="server.max_batch", help="sequences decoded together")
 
 
 def serve(args: Any, ctx: Any) -> int:
-    import os
-
     try:
         import uvicorn
 
         from forge.server import create_app
+        from forge.server.auth import resolve_api_key, warn_if_exposed
+        from forge.server.shutdown import draining_server
     except ImportError as exc:
         raise UsageError(
             f"forge serve needs the server extra ({exc.name} is missing): "
             "pip install 'forge-llm[server]'"
         ) from None
     config = ctx.config.server
-    if config.api_key is None and os.environ.get("FORGE_API_KEY"):
-        config = config.model_copy(update={"api_key": os.environ["FORGE_API_KEY"]})
+    warn_if_exposed(config.host, resolve_api_key(config))
 
     def loader():  # noqa: ANN202 - the engine process, its model loaded
         from forge.api import open_front
@@ -60,17 +67,6 @@ def serve(args: Any, ctx: Any) -> int:
     app = create_app(loader, config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                access_log=False, lifespan="on")  # fmt: skip
-    _draining_server(uvicorn, uv_config, app).run()
-    return 0
-
-
-def _draining_server(uvicorn: Any, config: Any, app: Any) -> Any:
-    """uvicorn's server, made to refuse new generations (503) the moment a stop signal arrives;
-    uvicorn then waits for the open responses and the app's shutdown finishes the scheduler."""
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            app.state.forge.drain()
-            super().handle_exit(sig, frame)
-
-    return Server(config)
+    server = draining_server(uvicorn, uv_config, app, config.drain_timeout)
+    server.run()
+    return 1 if server.forced else 0

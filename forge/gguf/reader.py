@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +67,16 @@ class GGUFFile:
         if os.path.isdir(self.path):
             raise GGUFFormatError(f"{self.path}: is a directory, not a GGUF file")
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+            # O_NONBLOCK: opening a FIFO must not wait for a writer; the type check follows
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0))
+            with open(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise GGUFFormatError(
+                        f"{self.path}: not a regular file ({_file_kind(st.st_mode)}), "
+                        "not a GGUF file"
+                    )
+                size = st.st_size
                 if size == 0:
                     raise GGUFFormatError(f"{self.path}: file is empty, not a GGUF file")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -290,6 +299,14 @@ class GGUFFile:
             self._map.close()
         except BufferError:
             pass
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return kind
+    return "not a plain file"
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:

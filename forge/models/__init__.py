@@ -11,6 +11,7 @@ from forge.gguf import GGUFFile
 from forge.models import gemma3, llama, qwen2, qwen3
 from forge.models.metadata import ArchMetadata
 from forge.models.spec import Attention, DenseFFN, LayerSpec, ModelSpec
+from forge.models.validate import validate_hyperparameters
 from forge.models.weights import expected_shapes
 
 ARCHITECTURES: dict[str, Callable[[ArchMetadata], ModelSpec]] = {
@@ -48,6 +49,7 @@ def build_spec(gguf: GGUFFile) -> ModelSpec:
         raise ModelError(f"{gguf.path}: invalid hyper-parameters: {problems}") from None
     except ValueError as e:
         raise ModelError(f"{gguf.path}: invalid hyper-parameters: {e}") from None
+    validate_hyperparameters(gguf, spec)
     check_tensors(spec, gguf)
     return spec
 

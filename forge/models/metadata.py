@@ -39,9 +39,11 @@ class ArchMetadata:
         """An integer that must be >= 1 (a size or a count: dividing by it must be safe)."""
         value = self.int(key, default)
         if value < 1:
-            raise ModelError(
-                f"{self.gguf.path}: metadata key '{self.arch}.{key}' must be >= 1, got {value}"
+            absent = (
+                " (absent: derived from other keys)" if f"{self.arch}.{key}" not in self.md else ""
             )
+            raise ModelError(f"{self.gguf.path}: metadata key '{self.arch}.{key}' must be >= 1, "
+                             f"got {value}{absent}")  # fmt: skip
         return value
 
     def float(self, key: str, default: Any = None) -> float:

@@ -69,8 +69,8 @@ class SamplingParams(BaseModel):
     @classmethod
     def _check_bias(cls, value: dict[int, float]) -> dict[int, float]:
         for token, bias in value.items():
-            if token < 0:
-                raise ValueError(f"token id {token} is negative")
+            if not 0 <= token < 2**31:  # (ids are int32 everywhere below)
+                raise ValueError(f"token id {token} is out of range")
             if math.isnan(bias) or bias == math.inf:
                 raise ValueError(f"bias of token {token} must be finite or -inf, got {bias}")
         return value

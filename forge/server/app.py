@@ -1,38 +1,42 @@
 """The FastAPI application: `create_app(model_or_loader, config)`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI's API; they need
-``Authorization: Bearer <key>`` when `config.api_key` is set), GET /health (the process is up),
-GET /ready (200 once the model is loaded, 503 before), GET /metrics (Prometheus text format).
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI's API), GET /health
+(the process is up), GET /ready (200 once the model is loaded, 503 before), GET /metrics
+(Prometheus text format). With an API key configured, every route but /health and /ready (and
+/metrics if `metrics_public`) needs ``Authorization: Bearer <key>``, checked before the body is
+read (`forge.server.auth`); bodies beyond `max_body_bytes` get 413 (`forge.server.limits`).
 
 With a loader (a callable returning a `forge.Model`, or an `EngineProcess` running the model in a
 child process), the model loads in a background thread at startup so /health and /ready answer
 meanwhile; with a loaded model the app is ready at once.
-At shutdown the scheduler stops taking requests (503) and finishes the ones it has.
+At shutdown the scheduler stops taking requests (503) and finishes the ones it has
+(`forge.server.shutdown` ends those still open at the drain deadline).
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from forge.config import ServerConfig
 from forge.server import endpoints
+from forge.server.auth import Authenticate, resolve_api_key
 from forge.server.engine_process import EngineProcess
 from forge.server.errors import APIError, install_error_handlers
+from forge.server.limits import LimitBody
 from forge.server.metrics import Metrics
 from forge.server.schemas import ChatRequest, CompletionRequest
 from forge.server.service import Service, model_id
 
 log = logging.getLogger("forge.server")
 
-DRAIN_TIMEOUT_S = 120.0  # longest wait for accepted requests at shutdown
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -45,6 +49,7 @@ class _State:
         self.load_error: str | None = None
         self.metrics = Metrics(self.stats)
         self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once started
 
     def stats(self) -> dict[str, float]:
         return self.service.scheduler.stats() if self.service else {}
@@ -67,6 +72,10 @@ class _State:
         if self.service is not None:
             self.service.scheduler.drain()
 
+    def abort_all(self, why: str) -> int:  # event loop
+        """End every open generation with an error (the drain deadline passed); how many."""
+        return self.service.abort_all(why) if self.service is not None else 0
+
 
 class _CountRequests:
     """Counts generation requests by status (plain ASGI: streaming and disconnects untouched)."""
@@ -79,17 +88,27 @@ class _CountRequests:
         if endpoint is None:
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def send_counted(message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.requests.labels(endpoint, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, send_counted)
+        try:
+            await self.app(scope, receive, send_counted)
+        except Exception:  # answered 500 by the outermost middleware, past this one
+            if not started:
+                self.metrics.requests.labels(endpoint, "500").inc()
+            raise
 
 
 def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> FastAPI:
     """An app serving a loaded `forge.Model`, or the model a zero-argument loader returns."""
     config = config or ServerConfig()
+    api_key = resolve_api_key(config)
     state = _State(config)
 
     def load_in_background(loader: Callable[[], Any]) -> None:
@@ -101,6 +120,7 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        state.loop = asyncio.get_running_loop()
         if callable(model_or_loader) and not hasattr(model_or_loader, "runner"):
             threading.Thread(target=load_in_background, args=(model_or_loader,),
                              name="forge-model-loader", daemon=True).start()  # fmt: skip
@@ -108,25 +128,17 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
             state.attach(model_or_loader)
         yield
         state.drain()
-        if state.service is not None:
-            state.service.close(DRAIN_TIMEOUT_S)
+        if state.service is not None:  # (off the loop: a second stop signal must get through)
+            await asyncio.to_thread(state.service.close, config.drain_timeout)
 
     app = FastAPI(title="forge", lifespan=lifespan)
     app.state.forge = state
     install_error_handlers(app)
 
+    # outermost last: requests are counted, then authenticated, then their body size checked
+    app.add_middleware(LimitBody, max_bytes=config.max_body_bytes)
+    app.add_middleware(Authenticate, api_key=api_key, metrics_public=config.metrics_public)
     app.add_middleware(_CountRequests, metrics=state.metrics)
-
-    async def authorized(request: Request) -> None:
-        key = config.api_key
-        if not key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-            raise APIError(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                           code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
     def service() -> Service:
         if state.service is None:
@@ -137,8 +149,6 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
             raise APIError(503, "the server is shutting down", "server_error",
                            code="shutting_down")  # fmt: skip
         return state.service
-
-    auth = [Depends(authorized)]
 
     @app.get("/health")
     async def health() -> dict:
@@ -159,17 +169,17 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models() -> dict:
         svc = service()
         entry = {"id": svc.id, "object": "model", "created": svc.created, "owned_by": "forge"}
         return {"object": "list", "data": [entry]}
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await endpoints.completions(service(), body, request)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         return await endpoints.chat_completions(service(), body, request)
 

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from forge.generation import TokenEvent
 from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
+from forge.server.limits import clamp_max_tokens
 from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
 
@@ -36,7 +37,9 @@ def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
     if body.logit_bias:
         bias = {}
         for key, value in body.logit_bias.items():
-            known = key.isdigit() and int(key) < service.model.n_vocab
+            # ASCII digits only: str.isdigit() accepts "²", and int() refuses 5,000 digits
+            known = key.isascii() and key.isdigit() and len(key) <= 12
+            known = known and int(key) < service.model.n_vocab
             check(known, f"logit_bias key {key!r} is not a token id of this model", "logit_bias")
             check(-100 <= value <= 100, "logit_bias values must be in -100..100", "logit_bias")
             bias[int(key)] = value
@@ -49,9 +52,12 @@ def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _usage(done: Finished) -> dict[str, int]:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}  # fmt: skip
+def _usage(done: Finished, gen: Generation) -> dict[str, int]:
+    usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+             "total_tokens": done.prompt_tokens + done.completion_tokens}  # fmt: skip
+    if gen.max_tokens_clamped is not None:  # the request asked for more than the context holds
+        usage["max_tokens_clamped_to"] = gen.max_tokens_clamped
+    return usage
 
 
 def _finish_reason(done: Finished) -> str:
@@ -139,14 +145,18 @@ def _streaming_response(lines: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(lines, media_type="text/event-stream", headers=headers)
 
 
-def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
-           logprobs: int | None):  # fmt: skip
+async def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
+                 logprobs: int | None) -> Generation:  # fmt: skip
+    """Validate and queue a request; tokenizing (up to the body limit's worth of text) runs off
+    the event loop. A max_tokens beyond the context is clamped to it, and the usage says so."""
     model = service.model
-    if max_tokens is None:
-        max_tokens = model.n_ctx  # until the context is full (SequenceState stops there)
-    state = model.start(prompt, max_tokens=max_tokens, stop=body.stop_list(), logprobs=logprobs,
-                        **_sampling(service, body))  # fmt: skip
-    return service.generate(state)
+    state = await asyncio.to_thread(
+        model.start, prompt, max_tokens=max_tokens or model.n_ctx, stop=body.stop_list(),
+        logprobs=logprobs, **_sampling(service, body))  # fmt: skip
+    clamped = clamp_max_tokens(state, max_tokens)
+    gen = service.generate(state)
+    gen.max_tokens_clamped = clamped
+    return gen
 
 
 # -- /v1/completions ---------------------------------------------------------------------------
@@ -159,7 +169,7 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         check(len(prompt) == 1, "only one prompt per request is supported", "prompt")
         prompt = prompt[0]
-    gen = _start(service, prompt, body, body.max_tokens, body.logprobs)
+    gen = await _start(service, prompt, body, body.max_tokens, body.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": service.id}
 
@@ -184,7 +194,7 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
         def on_finish(done: Finished) -> str:
             out = _sse({**base, "choices": [choice("", [], _finish_reason(done))]})
             if usage:
-                out += _sse({**base, "choices": [], "usage": _usage(done)})
+                out += _sse({**base, "choices": [], "usage": _usage(done, gen)})
             return out
 
         return _streaming_response(_stream(gen, on_tokens, on_finish))
@@ -192,7 +202,8 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     done = gen.finished
     reason = _finish_reason(done)
     text = "".join(e.text for e in events)
-    return JSONResponse({**base, "choices": [choice(text, events, reason)], "usage": _usage(done)})
+    usage = _usage(done, gen)
+    return JSONResponse({**base, "choices": [choice(text, events, reason)], "usage": usage})
 
 
 def _completion_logprobs(service: Service, events: list[TokenEvent], at: int = 0) -> dict:
@@ -227,7 +238,7 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     ids = await asyncio.to_thread(service.chat_prompt, body.chat_messages())
     max_tokens = body.max_completion_tokens or body.max_tokens
-    gen = _start(service, ids, body, max_tokens, logprobs)
+    gen = await _start(service, ids, body, max_tokens, logprobs)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(events: list[TokenEvent]) -> dict | None:
@@ -254,7 +265,7 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
             c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish_reason(done)}
             out = _sse({**base, "choices": [c]})
             if usage:
-                out += _sse({**base, "choices": [], "usage": _usage(done)})
+                out += _sse({**base, "choices": [], "usage": _usage(done, gen)})
             return out
 
         return _streaming_response(_stream(gen, on_tokens, on_finish, _sse(first)))
@@ -265,7 +276,7 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": service.id, "choices": [choice],
-                         "usage": _usage(done)})  # fmt: skip
+                         "usage": _usage(done, gen)})  # fmt: skip
 
 
 def _chat_logprob(service: Service, e: TokenEvent) -> dict:

@@ -235,6 +235,11 @@ class EngineProcess:
             except Exception:
                 log.exception("a callback failed while ending requests")
 
+    def kill(self) -> None:
+        """End the child at once (its requests end with an error)."""
+        self._accepting = False
+        self._kill()
+
     def _kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()

@@ -86,19 +86,26 @@ class Generation:
         self._waiter: asyncio.Future | None = None
         self.handle: Handle | None = None
         self.finished: Finished | None = None
+        self.max_tokens_clamped: int | None = None  # set when the request asked for more
+        self._n_tokens = 0  # token events that arrived
 
     def submit(self) -> Generation:
         inbox = self.service._inbox(asyncio.get_running_loop())
         self.handle = self.service.scheduler.submit(self.state, lambda m: inbox.put(self, m))
         self.service.metrics.prompt_tokens.inc(len(self.state.prompt))
+        self.service._active.add(self)
         return self
 
     def _arrived(self, message: TokenEvent | Finished, at: float) -> None:  # event loop
+        if self.finished is not None:  # (the scheduler's own end of an aborted request)
+            return
         self._arrivals.append(message)
         if isinstance(message, Finished):
             self.finished = message
+            self.service._active.discard(self)
         else:
             self._times.append(at)
+            self._n_tokens += 1
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -133,6 +140,13 @@ class Generation:
         if self.handle is not None and self.finished is None:
             self.handle.cancel()
 
+    def abort(self, why: str) -> None:  # event loop
+        """End the request now with an error (`why`): its consumer sees a Finished("error")."""
+        if self.finished is None:
+            self.cancel()
+            self._arrived(Finished("error", len(self.state.prompt), self._n_tokens, why),
+                          time.perf_counter())  # fmt: skip
+
 
 class Service:
     """A loaded model, its id, scheduler and metrics (the scheduler may run the model in
@@ -150,6 +164,7 @@ class Service:
             scheduler or Scheduler(model, max_batch=max_batch, max_queue=max_queue).start()
         )
         self._template = resolve_chat_template(model.tokenizer)
+        self._active: set[Generation] = set()  # submitted and not finished
         self.wake_interval = wake_interval
         self._inboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -181,5 +196,19 @@ class Service:
     def token_bytes(self, token: int) -> list[int]:
         return list(self.model.tokenizer.token_bytes(token))
 
+    def abort_all(self, why: str) -> int:  # event loop
+        """End every open request with an error (a stop's drain deadline passed); how many."""
+        active = list(self._active)
+        for gen in active:
+            gen.abort(why)
+        return len(active)
+
     def close(self, timeout: float | None = 30.0) -> None:
         self.scheduler.stop(timeout)
+
+    def kill(self) -> None:
+        """Stop the engine at once (a second stop signal): cancel whatever still runs."""
+        if hasattr(self.scheduler, "kill"):  # an engine process
+            self.scheduler.kill()
+        else:
+            self.scheduler.stop(0)

@@ -68,6 +68,7 @@ class Tokenizer(ABC):
         self._types = vocab.types
         self._token_to_id = vocab.token_to_id
         self._matcher = SpecialMatcher(vocab.tokens, vocab.types)
+        self._max_token_bytes: int | None = None
         # piece()'s bytes per token id, filled as ids are first asked for: a server streams
         # tens of thousands of tokens a second through it ([skip_special False, True])
         self._pieces: tuple[list[bytes | None], list[bytes | None]] = (
@@ -79,6 +80,16 @@ class Tokenizer(ABC):
     @property
     def n_vocab(self) -> int:
         return len(self._tokens)
+
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token stands for (>= 4: one character),
+        so a text of n bytes has at least n / max_token_bytes tokens."""
+        if self._max_token_bytes is None:
+            longest = max((len(t.encode("utf-8", errors="surrogatepass")) for t in self._tokens),
+                          default=0)  # fmt: skip
+            self._max_token_bytes = max(4, longest)
+        return self._max_token_bytes
 
     @property
     def bos_id(self) -> int | None:

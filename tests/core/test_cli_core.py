@@ -139,7 +139,7 @@ def test_config_shows_values_and_sources(capsys, monkeypatch, tmp_path):
     assert data["n_ctx"] == {"value": 256, "source": "flag --n-ctx"}
     assert data["device"] == {"value": 0, "source": "env FORGE_DEVICE"}
     assert data["fallback"]["source"].startswith("file ") and data["backend"]["source"] == "default"
-    assert data["server.api_key"]["value"] == "***"  # never printed
+    assert data["server.api_key"]["value"] == "(set)" and "secret" not in out  # never printed
     code, out, _ = run(capsys, "--backend", "cpu_simd", "config")
     assert "config file: " in out and "forge.toml" in out
     assert any(

@@ -182,3 +182,18 @@ def test_invalid_toml(tmp_path):
     path = write(tmp_path / "c.toml", "backend = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(config_path=path)
+
+
+def test_api_key_from_forge_api_key_below_its_own_variable():
+    config, sources = load_config(environ={"FORGE_API_KEY": "a"})
+    assert config.server.api_key == "a" and sources["server.api_key"] == "env FORGE_API_KEY"
+    config, sources = load_config(environ={"FORGE_API_KEY": "a", "FORGE_SERVER_API_KEY": "b"})
+    assert config.server.api_key == "b" and sources["server.api_key"] == "env FORGE_SERVER_API_KEY"
+
+
+def test_a_bad_api_key_value_is_not_echoed(tmp_path):
+    path = write(tmp_path / "f.toml", "[server]\napi_key = 123456789\nport = 'p0rt'\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(config_path=path)
+    assert "server.api_key" in str(e.value) and "123456789" not in str(e.value)
+    assert "'p0rt'" in str(e.value)  # other values are still shown

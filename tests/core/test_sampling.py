@@ -108,6 +108,7 @@ def test_params_defaults_and_json_style_input():
         ("seed", -1),
         ("chain", "top_k"),
         ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {10**30: 1.0}),  # (was an OverflowError in the sampler stage)
         ("logit_bias", {1: float("nan")}),
         ("logit_bias", {1: float("inf")}),
         ("no_such_knob", 1),

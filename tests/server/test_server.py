@@ -9,7 +9,6 @@ single-sequence `Model.complete` in this process, and logprobs with a float64 lo
 from __future__ import annotations
 
 import json
-import signal
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -290,6 +289,5 @@ def test_sigterm_drains_running_requests(small_server):
     events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
     assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
     assert events[-1]["choices"][0]["finish_reason"] == "length"
-    # uvicorn re-raises the signal once shut down, so the status says "ended by SIGTERM"
-    assert small_server.proc.wait(30) in (0, -signal.SIGTERM)
+    assert small_server.proc.wait(30) == 0  # a drained server exits 0, not "killed by SIGTERM"
     assert "Application shutdown complete" in small_server.output()

@@ -147,7 +147,7 @@ def read_source(src: Path) -> tuple[str, list[KV], list[Tensor]]:
 
 
 def rewrite_gguf(
-    src: Path,
+    src: Path | tuple[str, list[KV], list[Tensor]],
     dst: Path,
     *,
     arch: str | None = None,
@@ -156,8 +156,9 @@ def rewrite_gguf(
     drop_tensors: Iterable[str] = (),
     edit_tensors: Callable[[list[Tensor]], list[Tensor]] | None = None,
 ) -> Path:
-    """Copy `src` to `dst` with the given changes (everything else byte-for-byte equal)."""
-    src_arch, kvs, tensors = read_source(src)
+    """Copy `src` (a file, or what `read_source` read from one) to `dst` with the given changes
+    (everything else byte-for-byte equal)."""
+    src_arch, kvs, tensors = src if isinstance(src, tuple) else read_source(src)
     new_arch = arch or src_arch
     drop = set(drop_keys)
     overrides = {k: (k, v, t, s) for k, v, t, s in set_kv}

@@ -27,6 +27,7 @@ class Server:
 
     def __init__(self, model_path, tmp_path, *args, env=None, until="ready"):
         self.port = _free_port()
+        self.key = (env or {}).get("FORGE_API_KEY")  # sent by `metrics`
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (tmp_path / f"server-{self.port}.log").open("w+")
         cmd = [sys.executable, "-m", "forge", "serve", str(model_path), "--port", str(self.port),
@@ -52,7 +53,8 @@ class Server:
         return self.log.read()
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        text = httpx.get(self.url + "/metrics", headers=headers, timeout=5).text
         out = {}
         for line in text.splitlines():
             m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([-+0-9.e]+|NaN)$", line)
