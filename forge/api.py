@@ -139,7 +139,9 @@ class Model:
                 f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
                 "(at least one more is needed to generate); shorten it or raise n_ctx"
             )
-        sampler = build_sampler(self.sampling_params(**sampling), self.samplers, tokens=ids)
+        sampler = build_sampler(
+            self.sampling_params(**sampling), self.samplers, tokens=ids, tokenizer=self.tokenizer
+        )
         return SequenceState(
             ids.tolist(),
             self.tokenizer,

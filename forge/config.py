@@ -30,7 +30,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 # The config's sampling table takes SamplingParams' own fields (types, ranges, defaults), less
 # the ones that only make sense per request.
-_PER_REQUEST_SAMPLING = {"logit_bias", "chain"}
+_PER_REQUEST_SAMPLING = {"logit_bias", "constraint"}
 SamplingConfig = create_model(
     "SamplingConfig",
     __config__=ConfigDict(extra="forbid"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -34,6 +34,18 @@ def config_errors(what: str = "sampling parameter") -> Iterator[None]:
         raise error from None
 
 
+class Constraint(BaseModel):
+    """What the generated text must match; the ``grammar`` stage enforces it while sampling
+    (`forge.sampling.constrained`), so every token sequence it lets through parses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["json_object", "json_schema", "grammar", "regex"]
+    # json_schema: the schema as JSON text; grammar: GBNF (llama.cpp) or Lark; regex: a
+    # pattern; json_object: unused (any JSON object)
+    text: str = ""
+
+
 class SamplingParams(BaseModel):
     """How the next token is chosen. Defaults follow llama.cpp's CLI defaults.
 
@@ -54,7 +66,10 @@ class SamplingParams(BaseModel):
     frequency_penalty: Finite = Field(0.0, ge=-2, le=2)  # OpenAI: times the token's count
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token -> added; -inf bans
     seed: int | None = Field(None, ge=0)  # RNG seed; None = fresh entropy each context
-    chain: list[str] | None = None  # stage names in order, optionally ending with a sampler
+    # stage names in order, optionally ending with a sampler; a string splits at ";" or ","
+    # (llama.cpp's --samplers spelling)
+    chain: list[str] | None = None
+    constraint: Constraint | None = None  # structured output (JSON schema, grammar, regex)
 
     def __init__(self, **data: Any) -> None:
         with config_errors():
@@ -64,6 +79,13 @@ class SamplingParams(BaseModel):
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> SamplingParams:
         with config_errors():
             return super().model_validate(obj, *args, **kwargs)
+
+    @field_validator("chain", mode="before")
+    @classmethod
+    def _split_chain(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [name.strip() for name in value.replace(",", ";").split(";") if name.strip()]
+        return value
 
     @field_validator("logit_bias")
     @classmethod

@@ -42,7 +42,7 @@ def test_sampling_table_follows_sampling_params():
     from forge.sampling import SamplingParams
 
     fields = set(Config().sampling.model_dump())
-    assert fields == set(SamplingParams.model_fields) - {"logit_bias", "chain"}
+    assert fields == set(SamplingParams.model_fields) - {"logit_bias", "constraint"}
     config, sources = load_config(environ={"FORGE_SAMPLING_PRESENCE_PENALTY": "1.5"})
     assert config.sampling.presence_penalty == 1.5
     with pytest.raises(ConfigError, match="presence_penalty"):
