@@ -82,9 +82,12 @@ class Model:
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(
+        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+    ) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template (or a built-in
-        one matching its vocabulary). The template writes BOS itself, so none is added here."""
+        one matching its vocabulary). The template writes BOS itself, so none is added here.
+        `extra`: more template variables (e.g. ``tools``)."""
         tok = self.tokenizer
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
@@ -94,6 +97,7 @@ class Model:
             bos_token=bos,
             eos_token=eos,
             add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         ids = tok.encode(text, add_special=False)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):

@@ -22,6 +22,8 @@ from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
 from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
+from forge.server.structured import response_constraint
+from forge.server.tools import tool_deltas, tool_message, tool_plan
 
 
 def _check_common(service: Service, body: SamplingFields) -> None:
@@ -44,7 +46,7 @@ def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
         "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "logit_bias": bias,
+        "logit_bias": bias, "chain": body.samplers,
     }  # fmt: skip
     return {k: v for k, v in values.items() if v is not None}
 
@@ -140,12 +142,14 @@ def _streaming_response(lines: AsyncIterator[str]) -> StreamingResponse:
 
 
 def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
-           logprobs: int | None):  # fmt: skip
+           logprobs: int | None, constraint: dict | None = None):  # fmt: skip
+    """Queue the request's sequence; `constraint` (a tool plan's) replaces response_format's."""
     model = service.model
     if max_tokens is None:
         max_tokens = model.n_ctx  # until the context is full (SequenceState stops there)
+    constraint = constraint or response_constraint(body)
     state = model.start(prompt, max_tokens=max_tokens, stop=body.stop_list(), logprobs=logprobs,
-                        **_sampling(service, body))  # fmt: skip
+                        constraint=constraint, **_sampling(service, body))  # fmt: skip
     return service.generate(state)
 
 
@@ -221,13 +225,18 @@ def _top_by_text(service: Service, e: TokenEvent) -> dict[str, float]:
 # -- /v1/chat/completions ----------------------------------------------------------------------
 async def chat_completions(service: Service, body: ChatRequest, request: Request):
     _check_common(service, body)
-    check(not body.tools, "tools are not supported", "tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    ids = await asyncio.to_thread(service.chat_prompt, body.chat_messages())
+    plan = tool_plan(service.model, body)
+    check(not (plan and plan.constraint and body.response_format
+               and body.response_format.type != "text"),
+          "response_format cannot be combined with a tool_choice that forces a call "
+          "(or with tools, for this model's template)", "response_format")  # fmt: skip
+    messages, extra = (plan.messages, plan.template_vars) if plan else (body.chat_messages(), {})
+    ids = await asyncio.to_thread(service.chat_prompt, messages, **extra)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    gen = _start(service, ids, body, max_tokens, logprobs)
+    gen = _start(service, ids, body, max_tokens, logprobs, plan.constraint if plan else None)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(events: list[TokenEvent]) -> dict | None:
@@ -242,8 +251,13 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         delta = {"index": 0, "delta": {"content": _SLOT}, "logprobs": None, "finish_reason": None}
         content_event = _sse_with_slot({**base, "choices": [delta]})
 
+        held: list[str] = []  # a reply that may hold tool calls is sent when complete
+
         def on_tokens(events: list[TokenEvent]) -> str:
             text = "".join(e.text for e in events)
+            if plan is not None:
+                held.append(text)
+                return ""
             if not body.logprobs:
                 return content_event(text) if text else ""
             c = {"index": 0, "delta": {"content": text}, "logprobs": lp(events),
@@ -251,8 +265,14 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
             return _sse({**base, "choices": [c]})
 
         def on_finish(done: Finished) -> str:
-            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish_reason(done)}
-            out = _sse({**base, "choices": [c]})
+            reason, out = _finish_reason(done), ""
+            if plan is not None:
+                deltas, reason = tool_deltas(plan, "".join(held), reason)
+                for d in deltas:
+                    c = {"index": 0, "delta": d, "logprobs": None, "finish_reason": None}
+                    out += _sse({**base, "choices": [c]})
+            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+            out += _sse({**base, "choices": [c]})
             if usage:
                 out += _sse({**base, "choices": [], "usage": _usage(done)})
             return out
@@ -262,6 +282,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     done = gen.finished
     reason = _finish_reason(done)
     message = {"role": "assistant", "content": "".join(e.text for e in events)}
+    if plan is not None:
+        message, reason = tool_message(plan, message["content"], reason)
     choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": service.id, "choices": [choice],
