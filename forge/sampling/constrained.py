@@ -28,9 +28,9 @@ from forge.sampling.context import SamplingContext
 from forge.sampling.params import Constraint, SamplingParams
 from forge.sampling.select import NEG_INF
 
-# JSON as models write it, but with bounded runs of whitespace: a small model that keeps
-# choosing newlines would otherwise never leave the object.
-JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
+# JSON on one line, spaced as Python's json.dumps writes it: free whitespace lets a small model
+# write newlines forever instead of closing the object.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def compile_grammar(constraint: Constraint) -> str:

@@ -7,11 +7,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from forge.errors import ConfigError
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _split_names(value: Any) -> Any:
+    """llama.cpp's "top_k;top_p;temperature" (or a comma list) as a list of names."""
+    if isinstance(value, str):
+        return [name.strip() for name in value.replace(",", ";").split(";") if name.strip()]
+    return value
 
 
 @contextmanager
@@ -68,7 +82,7 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, ge=0)  # RNG seed; None = fresh entropy each context
     # stage names in order, optionally ending with a sampler; a string splits at ";" or ","
     # (llama.cpp's --samplers spelling)
-    chain: list[str] | None = None
+    chain: Annotated[list[str] | None, BeforeValidator(_split_names)] = None
     constraint: Constraint | None = None  # structured output (JSON schema, grammar, regex)
 
     def __init__(self, **data: Any) -> None:
@@ -79,13 +93,6 @@ class SamplingParams(BaseModel):
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> SamplingParams:
         with config_errors():
             return super().model_validate(obj, *args, **kwargs)
-
-    @field_validator("chain", mode="before")
-    @classmethod
-    def _split_chain(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [name.strip() for name in value.replace(",", ";").split(";") if name.strip()]
-        return value
 
     @field_validator("logit_bias")
     @classmethod

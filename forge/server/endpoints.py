@@ -144,9 +144,7 @@ def _streaming_response(lines: AsyncIterator[str]) -> StreamingResponse:
 def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
            logprobs: int | None, constraint: dict | None = None):  # fmt: skip
     """Queue the request's sequence; `constraint` (a tool plan's) replaces response_format's."""
-    model = service.model
-    if max_tokens is None:
-        max_tokens = model.n_ctx  # until the context is full (SequenceState stops there)
+    model = service.model  # max_tokens None: the configured default (Model.max_tokens)
     constraint = constraint or response_constraint(body)
     state = model.start(prompt, max_tokens=max_tokens, stop=body.stop_list(), logprobs=logprobs,
                         constraint=constraint, **_sampling(service, body))  # fmt: skip

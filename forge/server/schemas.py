@@ -70,7 +70,6 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr]
-    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: StrictInt | None = Field(None, ge=0, le=20)
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
