@@ -193,6 +193,38 @@ class Model:
             t["generation_seconds"],
         )
 
+    def run(self, state: SequenceState) -> Iterator[str]:
+        """Run a sequence from `start`, yielding its text as it comes; afterwards the state
+        holds the tokens and the finish reason."""
+        return self._run(state)
+
+    def chat(self, messages: list[dict], *, stream: bool = False, **kwargs: Any) -> Any:
+        """The assistant's reply to `messages` (OpenAI-style dicts) as text, or with `stream`
+        an iterator of its pieces. Keywords as `create_chat_completion`."""
+        from forge.completions import chat
+
+        return chat(self, messages, stream=stream, **kwargs)
+
+    def create_chat_completion(self, messages: list[dict], **kwargs: Any) -> Any:
+        """An OpenAI ``chat.completion`` dict (``stream=True``: an iterator of chunk dicts);
+        takes ``tools``, ``tool_choice``, ``response_format``, ``max_tokens``, ``stop`` and
+        the sampling parameters. See `forge.completions`."""
+        from forge.completions import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
+
+    def create_completion(self, prompt: str | list[int], **kwargs: Any) -> Any:
+        """An OpenAI ``text_completion`` dict (``stream=True``: an iterator of chunk dicts)."""
+        from forge.completions import create_completion
+
+        return create_completion(self, prompt, **kwargs)
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _run(self, state: SequenceState) -> Iterator[str]:
         table = BlockTable(self.allocator, self.n_ctx)
         ids = np.asarray(state.prompt, dtype=np.int32)

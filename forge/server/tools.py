@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from forge.completions import reply_message
 from forge.errors import UsageError
 from forge.server.errors import bad_request, check
 from forge.server.schemas import ChatRequest
 from forge.tokenizer.chat import resolve_chat_template
-from forge.toolcall import ToolCall, ToolPlan, plan_tools
+from forge.toolcall import ToolPlan, plan_tools
 
 
 def tool_plan(model: Any, body: ChatRequest) -> ToolPlan | None:
@@ -28,24 +29,14 @@ def tool_plan(model: Any, body: ChatRequest) -> ToolPlan | None:
         raise bad_request(str(err), param) from None
 
 
-def tool_message(plan: ToolPlan, text: str, reason: str) -> tuple[dict[str, Any], str]:
-    """(the assistant message, finish reason) of a finished reply."""
-    content, calls = plan.parse(text)
-    if not calls:
-        return {"role": "assistant", "content": content}, reason
-    message = {"role": "assistant", "content": content,
-               "tool_calls": [c.as_openai() for c in calls]}  # fmt: skip
-    return message, "tool_calls" if reason == "stop" else reason
-
-
 def tool_deltas(plan: ToolPlan, text: str, reason: str) -> tuple[list[dict[str, Any]], str]:
     """(the stream deltas, finish reason) of a finished reply."""
-    content, calls = plan.parse(text)
-    deltas: list[dict[str, Any]] = [{"content": content}] if content else []
-    if calls:
-        deltas.append({"tool_calls": [c.as_openai(i) for i, c in enumerate(calls)]})
-        reason = "tool_calls" if reason == "stop" else reason
+    message, reason = reply_message(plan, text, reason)
+    deltas: list[dict[str, Any]] = [{"content": message["content"]}] if message["content"] else []
+    if message.get("tool_calls"):
+        calls = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        deltas.append({"tool_calls": calls})
     return deltas, reason
 
 
-__all__ = ["ToolCall", "tool_deltas", "tool_message", "tool_plan"]
+tool_message = reply_message  # (the assistant message, finish reason) of a finished reply
