@@ -1,12 +1,16 @@
 """The FastAPI application: `create_app(model_or_loader, config)`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI's API; they need
-``Authorization: Bearer <key>`` when `config.api_key` is set), GET /health (the process is up),
-GET /ready (200 once the model is loaded, 503 before), GET /metrics (Prometheus text format).
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and POST /v1/embeddings
+(501 until it exists): OpenAI's API, needing ``Authorization: Bearer <key>`` when
+`config.api_key` is set, with JSON bodies whatever their Content-Type. GET /health (as
+llama-server's: 503 ``loading`` or ``failed``, 200 ``ok``), GET /ready (200 with the model's id
+once it is loaded, 503 before), GET /metrics (Prometheus text format). Every request gets one
+access-log line (`forge.server.access_log`).
 
 With a loader (a callable returning a `forge.Model`, or an `EngineProcess` running the model in a
 child process), the model loads in a background thread at startup so /health and /ready answer
-meanwhile; with a loaded model the app is ready at once.
+meanwhile; with a loaded model the app is ready at once. A load that fails calls
+`on_load_failure(reason)` (``forge serve`` then stops, exiting non-zero).
 At shutdown the scheduler stops taking requests (503) and finishes the ones it has.
 """
 
@@ -24,8 +28,10 @@ from fastapi.responses import JSONResponse, Response
 
 from forge.config import ServerConfig
 from forge.server import endpoints
+from forge.server.access_log import AccessLog
 from forge.server.engine_process import EngineProcess
 from forge.server.errors import APIError, install_error_handlers
+from forge.server.json_body import JSONBodies
 from forge.server.metrics import Metrics
 from forge.server.schemas import ChatRequest, CompletionRequest
 from forge.server.service import Service, model_id
@@ -87,7 +93,8 @@ class _CountRequests:
         await self.app(scope, receive, send_counted)
 
 
-def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> FastAPI:
+def create_app(model_or_loader: Any, config: ServerConfig | None = None,
+               on_load_failure: Callable[[str], None] | None = None) -> FastAPI:  # fmt: skip
     """An app serving a loaded `forge.Model`, or the model a zero-argument loader returns."""
     config = config or ServerConfig()
     state = _State(config)
@@ -95,9 +102,11 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     def load_in_background(loader: Callable[[], Any]) -> None:
         try:
             state.attach(loader())
-        except Exception as exc:  # reported by /ready; the process keeps answering
-            log.exception("loading the model failed")
+        except Exception as exc:  # reported by /health and /ready, and to on_load_failure
+            log.debug("loading the model failed", exc_info=True)
             state.load_error = f"{type(exc).__name__}: {exc}"
+            if on_load_failure is not None:
+                on_load_failure(state.load_error)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -116,6 +125,8 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     install_error_handlers(app)
 
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(JSONBodies)
+    app.add_middleware(AccessLog)
 
     async def authorized(request: Request) -> None:
         key = config.api_key
@@ -141,8 +152,15 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     auth = [Depends(authorized)]
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if state.service is None:
+            if state.load_error:
+                return JSONResponse({"status": "failed", "error": state.load_error}, 503)
+            return JSONResponse({"status": "loading"}, 503)
+        lost = getattr(state.service.scheduler, "lost", None)  # an engine process that died
+        if lost and not state.draining:
+            return JSONResponse({"status": "failed", "error": lost}, 503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -172,6 +190,11 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: ChatRequest, request: Request):
         return await endpoints.chat_completions(service(), body, request)
+
+    @app.post("/v1/embeddings", dependencies=auth)
+    async def embeddings() -> None:
+        raise APIError(501, "embeddings are not supported yet", "not_implemented_error",
+                       code="not_implemented")  # fmt: skip
 
     return app
 

@@ -161,7 +161,7 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         check(len(prompt) == 1, "only one prompt per request is supported", "prompt")
         prompt = prompt[0]
-    gen = _start(service, prompt, body, body.max_tokens, body.logprobs)
+    gen = request.state.generation = _start(service, prompt, body, body.max_tokens, body.logprobs)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": service.id}
 
@@ -234,7 +234,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     messages, extra = (plan.messages, plan.template_vars) if plan else (body.chat_messages(), {})
     ids = await asyncio.to_thread(service.chat_prompt, messages, **extra)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    gen = _start(service, ids, body, max_tokens, logprobs, plan.constraint if plan else None)
+    constraint = plan.constraint if plan else None
+    gen = request.state.generation = _start(service, ids, body, max_tokens, logprobs, constraint)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(events: list[TokenEvent]) -> dict | None:
