@@ -111,3 +111,21 @@ def test_json_schema_output_parses(capsys, monkeypatch, model_path, tmp_path):
     code, out, err = run(capsys, monkeypatch, "run", model_path, "--backend", "cpu_simd", "-p",
                          "Answer:", "--grammar", str(gbnf))  # fmt: skip
     assert code == 0 and re.fullmatch(r"(yes|no)!\n", out)
+
+
+def test_a_plugin_stage_chosen_by_samplers_flag_and_config(capsys, monkeypatch, model_path,
+                                                           tmp_path):  # fmt: skip
+    """The example plugin's stage (negates the logits: greedy then picks the least likely
+    token) chosen by --samplers, and by sampling.chain in the config file."""
+    pytest.importorskip(
+        "forge_plugin_example", reason="pip install -e examples/forge-plugin-example"
+    )
+    ref = forge.api.load(model_path, backend="cpu_simd", n_ctx=256)
+    want = ref.complete("Hello", max_tokens=4, chain=["example_invert", "greedy"]).text
+    assert want != ref.complete("Hello", max_tokens=4, temperature=0).text
+    argv = ("run", model_path, "--backend", "cpu_simd", "-p", "Hello", "-n", "4")
+    assert run(capsys, monkeypatch, *argv, "--samplers", "example_invert;greedy")[:2] == (
+        0, want + "\n")  # fmt: skip
+    (tmp_path / "forge.toml").write_text('[sampling]\nchain = "example_invert;greedy"\n')
+    assert run(capsys, monkeypatch, *argv, "--config", str(tmp_path / "forge.toml"))[:2] == (
+        0, want + "\n")  # fmt: skip
