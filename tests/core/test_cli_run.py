@@ -129,3 +129,49 @@ def test_a_plugin_stage_chosen_by_samplers_flag_and_config(capsys, monkeypatch, 
     (tmp_path / "forge.toml").write_text('[sampling]\nchain = "example_invert;greedy"\n')
     assert run(capsys, monkeypatch, *argv, "--config", str(tmp_path / "forge.toml"))[:2] == (
         0, want + "\n")  # fmt: skip
+
+
+def test_the_bar_starts_after_the_backend_line_at_the_real_count(monkeypatch, model_path):
+    """On a terminal the loading bar appears once the backend is chosen (its log line comes
+    first, never inside the bar) and starts at the backend's real count (cpu_simd: the layers
+    and the output head), not at a placeholder."""
+    import logging
+    import types
+
+    import tqdm
+
+    from forge.cli.common import Context
+    from forge.cli.generation_flags import load_model
+
+    events = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            events.append(("bar", total))
+            self.n = 0
+
+        def refresh(self):
+            events.append(("update", self.n))
+
+        def close(self):
+            events.append(("close",))
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            events.append(("log", record.getMessage()))
+
+    handler, logger = Record(), logging.getLogger("forge")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    monkeypatch.setattr("sys.stderr", types.SimpleNamespace(isatty=lambda: True, write=print))
+    try:
+        ctx = Context.load({"backend": ("cpu_simd", "--backend")}, None)
+        model = load_model(types.SimpleNamespace(model_path=model_path, no_progress=False), ctx)
+    finally:
+        logger.removeHandler(handler)
+    kinds = [e[0] for e in events]
+    first_bar = kinds.index("bar")
+    assert "log" in kinds[:first_bar] and "log" not in kinds[first_bar:]
+    assert events[first_bar] == ("bar", model.spec.n_layer + 1)
+    assert events[-2:] == [("update", model.spec.n_layer + 1), ("close",)]

@@ -182,3 +182,14 @@ def test_invalid_toml(tmp_path):
     path = write(tmp_path / "c.toml", "backend = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(config_path=path)
+
+
+def test_max_tokens_and_chain_keys(tmp_path):
+    """max_tokens is one key for CLI, API and server (-1: no limit, 0 refused); the sampler
+    chain takes llama.cpp's "a;b" spelling from the environment and files too."""
+    env = {"FORGE_MAX_TOKENS": "-1", "FORGE_SAMPLING_CHAIN": "top_k;temperature"}
+    config, sources = load_config(environ=env)
+    assert config.max_tokens == -1 and config.sampling.chain == ["top_k", "temperature"]
+    assert sources["max_tokens"] == "env FORGE_MAX_TOKENS"
+    with pytest.raises(ConfigError, match="max_tokens.*use -1 for no limit"):
+        load_config({"max_tokens": 0}, environ={})
