@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from forge.generation import TokenEvent
 from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
-from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
+from forge.server.schemas import UNSUPPORTED, ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
 from forge.server.structured import response_constraint
 from forge.server.tools import tool_deltas, tool_message, tool_plan
@@ -31,6 +31,8 @@ def _check_common(service: Service, body: SamplingFields) -> None:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                        f"{service.id!r}", param="model", code="model_not_found")  # fmt: skip
     check(body.n == 1, "only n=1 is supported", "n")
+    for name in UNSUPPORTED:
+        check(name not in (body.model_extra or {}), f"{name} is not supported", name)
 
 
 def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:

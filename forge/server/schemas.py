@@ -36,10 +36,14 @@ class ResponseFormat(BaseModel):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
+# OpenAI fields forge does not honour yet: refused with a 400 rather than ignored
+UNSUPPORTED = ("functions", "function_call", "prediction", "audio")
+
+
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints. None means "the server's configured default"."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept to refuse UNSUPPORTED; others are ignored
 
     model: StrictStr | None = None
     stream: StrictBool = False
@@ -58,6 +62,8 @@ class SamplingFields(BaseModel):
     min_p: Finite | None = Field(None, ge=0, le=1)
     repeat_penalty: Finite | None = Field(None, gt=0)
     samplers: StrictStr | list[StrictStr] | None = None  # the stage chain (llama.cpp's name)
+    grammar: StrictStr | None = None  # llama-server's: a GBNF (or Lark) grammar
+    json_schema: dict[str, Any] | None = None  # llama-server's: the output's JSON schema
     response_format: ResponseFormat | None = None
 
     def stop_list(self) -> list[str]:

@@ -5,6 +5,7 @@ the default model in-process. Every reply is parsed and checked with jsonschema.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import httpx
@@ -87,6 +88,10 @@ def test_forced_tool_call_parses_and_streams(client):
         ({"tools": TOOLS, "tool_choice": "required", "response_format": FORMAT},
          "response_format"),
         ({"samplers": "top_k;no_such_stage"}, None),
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"grammar": 'root ::= "a"', "json_schema": PERSON}, "json_schema"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_honoured_is_a_400(server, extra, param):
@@ -98,6 +103,18 @@ def test_what_cannot_be_honoured_is_a_400(server, extra, param):
         assert "no_such_stage" in err["message"]
     else:
         assert err["param"].startswith(param)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_llama_server_grammar_and_json_schema_fields(server, seed):
+    body = {"model": MODEL, "prompt": "Go:", "seed": seed, "max_tokens": 300,
+            "grammar": 'root ::= ("up" | "down") " " [0-9]{1,3}'}  # fmt: skip
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert re.fullmatch(r"(up|down) [0-9]{1,3}", r.json()["choices"][0]["text"])
+    body = {"model": MODEL, "messages": USER, "seed": seed, "max_tokens": 300,
+            "json_schema": PERSON}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), PERSON)
 
 
 def test_samplers_choose_the_chain(server):
