@@ -19,6 +19,7 @@ from typing import Any
 from forge.errors import UsageError
 from forge.tokenizer.chat import resolve_chat_template
 from forge.toolcall import ToolPlan, plan_tools
+from forge.toolcall_stream import ReplyStream
 
 
 def response_format_constraint(response_format: Mapping[str, Any] | None) -> dict | None:
@@ -69,7 +70,8 @@ def create_chat_completion(model: Any, messages: list[dict], *, stream: bool = F
                            response_format: Mapping | None = None,
                            **kwargs: Any) -> Any:  # fmt: skip
     """An OpenAI ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` dicts
-    with `stream` (with tools offered, the reply comes in one delta once it is complete)."""
+    with `stream` (with tools offered, content streams as it comes and calls come whole once
+    the reply is complete)."""
     choice = "auto" if tool_choice is None else tool_choice
     template = resolve_chat_template(model.tokenizer)
     plan = plan_tools(template, messages, tools, choice, parallel_tool_calls)
@@ -114,14 +116,13 @@ def _chat_chunks(model: Any, state: Any, base: dict, plan: ToolPlan | None) -> I
             yield chunk({"content": piece})
         yield chunk({}, state.finish_reason or "length")
         return
-    message, reason = reply_message(
-        plan, "".join(model.run(state)), state.finish_reason or "length"
-    )
-    if message.get("content"):
-        yield chunk({"content": message["content"]})
-    if message.get("tool_calls"):
-        yield chunk({"tool_calls": [{"index": i, **c}
-                                    for i, c in enumerate(message["tool_calls"])]})  # fmt: skip
+    reply = ReplyStream(plan)  # content as it comes, calls once the reply is complete
+    for piece in model.run(state):
+        for delta in reply.push(piece):
+            yield chunk(delta)
+    deltas, reason = reply.finish(state.finish_reason or "length")
+    for delta in deltas:
+        yield chunk(delta)
     yield chunk({}, reason)
 
 

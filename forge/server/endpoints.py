@@ -23,7 +23,8 @@ from forge.server.errors import APIError, bad_request, check
 from forge.server.schemas import UNSUPPORTED, ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
 from forge.server.structured import response_constraint
-from forge.server.tools import tool_deltas, tool_message, tool_plan
+from forge.server.tools import tool_message, tool_plan
+from forge.toolcall_stream import ReplyStream
 
 
 def _check_common(service: Service, body: SamplingFields) -> None:
@@ -252,13 +253,14 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         delta = {"index": 0, "delta": {"content": _SLOT}, "logprobs": None, "finish_reason": None}
         content_event = _sse_with_slot({**base, "choices": [delta]})
 
-        held: list[str] = []  # a reply that may hold tool calls is sent when complete
+        reply = ReplyStream(plan) if plan is not None else None  # content now, calls at the end
 
         def on_tokens(events: list[TokenEvent]) -> str:
             text = "".join(e.text for e in events)
-            if plan is not None:
-                held.append(text)
-                return ""
+            if reply is not None:
+                return "".join(_sse({**base, "choices": [{"index": 0, "delta": d,
+                                    "logprobs": None, "finish_reason": None}]})
+                               for d in reply.push(text))  # fmt: skip
             if not body.logprobs:
                 return content_event(text) if text else ""
             c = {"index": 0, "delta": {"content": text}, "logprobs": lp(events),
@@ -267,8 +269,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
 
         def on_finish(done: Finished) -> str:
             reason, out = _finish_reason(done), ""
-            if plan is not None:
-                deltas, reason = tool_deltas(plan, "".join(held), reason)
+            if reply is not None:
+                deltas, reason = reply.finish(reason)
                 for d in deltas:
                     c = {"index": 0, "delta": d, "logprobs": None, "finish_reason": None}
                     out += _sse({**base, "choices": [c]})

@@ -1,8 +1,8 @@
 """Tool calling over HTTP: the request's ``tools``/``tool_choice`` planned by `forge.toolcall`,
 the finished reply turned into OpenAI's ``tool_calls`` (whole, or as stream deltas).
 
-A reply that may hold calls is parsed when it is complete, so with tools offered a streamed
-reply arrives in one content or ``tool_calls`` delta before the finish chunk.
+A streamed reply sends what is certainly content as it comes and the calls once the reply is
+complete (`forge.toolcall_stream`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,6 @@ def tool_plan(model: Any, body: ChatRequest) -> ToolPlan | None:
     except UsageError as err:
         param = "tool_choice" if "tool_choice" in str(err) else "tools"
         raise bad_request(str(err), param) from None
-
-
-def tool_deltas(plan: ToolPlan, text: str, reason: str) -> tuple[list[dict[str, Any]], str]:
-    """(the stream deltas, finish reason) of a finished reply."""
-    message, reason = reply_message(plan, text, reason)
-    deltas: list[dict[str, Any]] = [{"content": message["content"]}] if message["content"] else []
-    if message.get("tool_calls"):
-        calls = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-        deltas.append({"tool_calls": calls})
-    return deltas, reason
 
 
 tool_message = reply_message  # (the assistant message, finish reason) of a finished reply

@@ -151,3 +151,56 @@ def test_no_tools_or_none_means_no_plan():
 def test_bad_tools_are_usage_errors(tools, choice, words):
     with pytest.raises(UsageError, match=re.escape(words)):
         plan_tools(HERMES, USER, tools, choice)
+
+
+def stream_all(plan, text: str, sizes) -> tuple[list[str], list[dict], str]:
+    """Feed `text` in chunks of the given sizes: (content deltas while streaming, the final
+    deltas, the finish reason)."""
+    from forge.toolcall_stream import ReplyStream
+
+    reply, streamed, at = ReplyStream(plan), [], 0
+    for n in sizes:
+        streamed += [d["content"] for d in reply.push(text[at : at + n])]
+        at += n
+    streamed += [d["content"] for d in reply.push(text[at:])]
+    final, reason = reply.finish("stop")
+    return streamed, final, reason
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_generic_content_streams_as_it_comes(seed):
+    """Any string, escaped as json.dumps writes it (ASCII-only or not), arrives through the
+    stream deltas exactly, in more than one piece, before the reply is complete."""
+    rng = np.random.default_rng(seed)
+    alphabet = list('ab "\\/\n\t\u00e9\u4e2d\U0001f600\x01') + ["xyz"]
+    text = "".join(rng.choice(alphabet, 40))
+    reply = json.dumps({"content": text}, ensure_ascii=bool(seed % 2))
+    plan = plan_tools(GEMMA_TEMPLATE, USER, TOOLS, "auto")
+    streamed, final, reason = stream_all(plan, reply, rng.integers(1, 4, 200))
+    assert "".join(streamed) + "".join(d.get("content", "") for d in final) == text
+    assert len(streamed) > 1 and final == [] and reason == "stop"
+
+
+def test_calls_come_whole_when_the_reply_is_complete():
+    calls = '{"tool_calls": [{"name": "get_time", "arguments": {"zone": "UTC"}}]}'
+    plan = plan_tools(GEMMA_TEMPLATE, USER, TOOLS, "auto")
+    streamed, final, reason = stream_all(plan, calls, [3] * 30)
+    assert streamed == [] and reason == "tool_calls"
+    (delta,) = final
+    assert delta["tool_calls"][0]["index"] == 0
+    assert delta["tool_calls"][0]["function"] == {
+        "name": "get_time",
+        "arguments": '{"zone": "UTC"}',
+    }
+    hermes = plan_tools(HERMES, USER, TOOLS, "auto")
+    text = (
+        'One moment.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    )
+    streamed, final, reason = stream_all(hermes, text, [2] * 50)
+    assert "".join(streamed) == "One moment.\n" and reason == "tool_calls"
+    assert final[-1]["tool_calls"][0]["function"]["name"] == "get_time"
+    llama = plan_tools(LLAMA_JSON, USER, TOOLS, "auto")
+    assert "".join(stream_all(llama, "Plain words here.", [4] * 5)[0]) == "Plain words here."
+    assert (
+        stream_all(llama, '{"name": "get_time", "parameters": {"zone": "UTC"}}', [4] * 20)[0] == []
+    )
