@@ -30,6 +30,7 @@ log = logging.getLogger("forge")
 
 BLOCK_SIZE = 16  # positions per KV block
 DEFAULT_N_CTX = 4096  # context when the config does not say (the model's own may be far larger)
+DEFAULT_MAX_TOKENS = 256  # as `forge.config.Config.max_tokens`
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Model:
         n_ctx: int,
         samplers: Any = None,
         sampling_defaults: dict[str, Any] | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
     ):
         self.path, self.gguf, self.spec = path, gguf, spec
+        self.max_tokens = max_tokens  # the default when a call does not say (-1: no limit)
         self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
         self.n_ctx, self.samplers = n_ctx, samplers
         self.sampling_defaults = dict(sampling_defaults or {})
@@ -82,9 +85,12 @@ class Model:
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(
+        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+    ) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template (or a built-in
-        one matching its vocabulary). The template writes BOS itself, so none is added here."""
+        one matching its vocabulary). The template writes BOS itself, so none is added here.
+        `extra`: more template variables (e.g. ``tools``)."""
         tok = self.tokenizer
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
@@ -94,6 +100,7 @@ class Model:
             bos_token=bos,
             eos_token=eos,
             add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         ids = tok.encode(text, add_special=False)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
@@ -124,14 +131,17 @@ class Model:
         self,
         prompt: str | list[int],
         *,
-        max_tokens: int = 256,
+        max_tokens: int | None = None,
         stop: list[str] | None = None,
         logprobs: int | None = None,
         **sampling: Any,
     ) -> SequenceState:
-        """A new sequence state for `prompt` (validated against the context, not yet run)."""
-        if max_tokens is None or max_tokens < 1:
-            raise UsageError(f"max_tokens must be >= 1, got {max_tokens}")
+        """A new sequence state for `prompt` (validated against the context, not yet run).
+        `max_tokens`: None for the model's default (`Model.max_tokens`, from the config), -1
+        for no limit but the context."""
+        max_tokens = check_max_tokens(self.max_tokens if max_tokens is None else max_tokens)
+        if max_tokens == -1:
+            max_tokens = self.n_ctx
         if isinstance(prompt, str):
             self._check_text_fits(prompt)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -141,7 +151,9 @@ class Model:
                 f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
                 "(at least one more is needed to generate); shorten it or raise n_ctx"
             )
-        sampler = build_sampler(self.sampling_params(**sampling), self.samplers, tokens=ids)
+        sampler = build_sampler(
+            self.sampling_params(**sampling), self.samplers, tokens=ids, tokenizer=self.tokenizer
+        )
         return SequenceState(
             ids.tolist(),
             self.tokenizer,
@@ -153,19 +165,21 @@ class Model:
         )
 
     def generate(
-        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+        self, prompt: str | list[int], *, max_tokens: int | None = None, **kwargs: Any
     ) -> Iterator[str]:
         """Stream the continuation of `prompt` as text pieces.
 
-        Keyword arguments: temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty,
-        frequency_penalty, logit_bias, seed (see `forge.sampling.SamplingParams`) and stop
-        (list of strings that end the generation, not included in the text).
+        Keyword arguments: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+        presence_penalty, frequency_penalty, logit_bias, seed, chain, constraint (see
+        `forge.sampling.SamplingParams`) and stop (list of strings that end the generation,
+        not included in the text). `max_tokens`: None for the configured default, -1 for no
+        limit but the context.
         """
         state = self.start(prompt, max_tokens=max_tokens, **kwargs)
         return self._run(state)
 
     def complete(
-        self, prompt: str | list[int], *, max_tokens: int = 256, **kwargs: Any
+        self, prompt: str | list[int], *, max_tokens: int | None = None, **kwargs: Any
     ) -> Completion:
         """Generate and return the whole continuation at once."""
         state = self.start(prompt, max_tokens=max_tokens, **kwargs)
@@ -180,6 +194,38 @@ class Model:
             t["prompt_seconds"],
             t["generation_seconds"],
         )
+
+    def run(self, state: SequenceState) -> Iterator[str]:
+        """Run a sequence from `start`, yielding its text as it comes; afterwards the state
+        holds the tokens and the finish reason."""
+        return self._run(state)
+
+    def chat(self, messages: list[dict], *, stream: bool = False, **kwargs: Any) -> Any:
+        """The assistant's reply to `messages` (OpenAI-style dicts) as text, or with `stream`
+        an iterator of its pieces. Keywords as `create_chat_completion`."""
+        from forge.completions import chat
+
+        return chat(self, messages, stream=stream, **kwargs)
+
+    def create_chat_completion(self, messages: list[dict], **kwargs: Any) -> Any:
+        """An OpenAI ``chat.completion`` dict (``stream=True``: an iterator of chunk dicts);
+        takes ``tools``, ``tool_choice``, ``response_format``, ``max_tokens``, ``stop`` and
+        the sampling parameters. See `forge.completions`."""
+        from forge.completions import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
+
+    def create_completion(self, prompt: str | list[int], **kwargs: Any) -> Any:
+        """An OpenAI ``text_completion`` dict (``stream=True``: an iterator of chunk dicts)."""
+        from forge.completions import create_completion
+
+        return create_completion(self, prompt, **kwargs)
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _run(self, state: SequenceState) -> Iterator[str]:
         """The sequence's text pieces, run on the scheduler's step loop in this thread (a
@@ -232,6 +278,18 @@ class Model:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def check_max_tokens(max_tokens: Any) -> int:
+    """`max_tokens` if it is a count of tokens to generate (>= 1) or -1 (no limit)."""
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or max_tokens < -1
+        or (max_tokens == 0)
+    ):
+        raise UsageError(f"max_tokens must be >= 1, or -1 for no limit; got {max_tokens!r}")
+    return max_tokens
 
 
 def default_model_path() -> str:
@@ -324,6 +382,7 @@ def _model(path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer, con
         n_ctx=n_ctx,
         samplers=pm.samplers,
         sampling_defaults=config.sampling.model_dump(exclude_none=True),
+        max_tokens=config.max_tokens,
     )
 
 

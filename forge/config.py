@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from forge.errors import ConfigError
 from forge.sampling.params import SamplingParams
@@ -30,7 +30,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 # The config's sampling table takes SamplingParams' own fields (types, ranges, defaults), less
 # the ones that only make sense per request.
-_PER_REQUEST_SAMPLING = {"logit_bias", "chain"}
+_PER_REQUEST_SAMPLING = {"logit_bias", "constraint"}
 SamplingConfig = create_model(
     "SamplingConfig",
     __config__=ConfigDict(extra="forbid"),
@@ -70,9 +70,19 @@ class Config(BaseModel):
     model: str | None = None  # GGUF path; None = the default model (Gemma 3 270M Q4_K_M)
     n_ctx: int = Field(4096, ge=16)  # context window in tokens (capped by the model's)
     threads: int | None = Field(None, ge=1)  # CPU threads; None = all cores
+    # tokens generated when a request, flag or call does not say (CLI, Python API and server
+    # alike); -1 = until an end-of-generation token or the context is full
+    max_tokens: int = Field(256, ge=-1)
     log_level: LogLevel = "info"
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _some_tokens(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 tokens would generate nothing; use -1 for no limit")
+        return value
 
 
 TABLES = {"sampling": SamplingConfig, "server": ServerConfig}

@@ -139,7 +139,7 @@ class SequenceState:
                 self.finish_reason = "stop"
                 self.text += out
                 return out
-        keep = max((_overlap(self._pending, s) for s in self.stop), default=0)
+        keep = max((overlap(self._pending, s) for s in self.stop), default=0)
         out = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(out) :]
         self.text += out
@@ -195,7 +195,7 @@ def _device_sampling(sampler: Sampler) -> DeviceSampling | None:
     )
 
 
-def _overlap(text: str, stop: str) -> int:
+def overlap(text: str, stop: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
     for n in range(min(len(text), len(stop) - 1), 0, -1):
         if text.endswith(stop[:n]):

@@ -1,17 +1,21 @@
 """Backend selection: from the configured name (or "auto") and the probes to one backend.
 
-Pure functions over probe results, so the rules are easy to read and test; the plugin manager
+Functions over probe results, so the rules are easy to read and test; the plugin manager
 supplies the probes, logs the returned reason and calls the ``forge_backend_selected`` hook.
+The reason is one short line; why the other backends are unavailable goes to the debug log
+(``--log-level debug``), and ``forge backends`` shows it too.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from forge.devices import BackendProbe
 from forge.errors import BackendUnavailableError
 
 Probe = Callable[[str], BackendProbe]
+log = logging.getLogger("forge")
 
 
 def choose(wanted: str, device: int, names: Sequence[str], probe: Probe) -> tuple[str, str]:
@@ -39,10 +43,10 @@ def choose(wanted: str, device: int, names: Sequence[str], probe: Probe) -> tupl
     best = probes[name]
     reason = f"auto picked backend {name!r} (highest score {score}){_where(best, device)}"
     on_cpu = bool(best.devices) and all(d.platform == "cpu" for d in best.devices)
+    if down:
+        log.debug("unavailable backends: %s", "; ".join(down))
     if down and on_cpu:
-        reason += "; fell back to the CPU, no other backend is available: " + "; ".join(down)
-    elif down:
-        reason += "; unavailable: " + "; ".join(down)
+        reason += "; fell back to the CPU (`forge backends` says why the others are unavailable)"
     return name, reason
 
 

@@ -1,61 +1,100 @@
-"""``forge bench [MODEL]``: prefill and generation throughput (like llama-bench)."""
+"""``forge bench [MODEL]``: prefill and generation throughput, like llama-bench.
+
+``-p 128,512 -n 32,128`` run one prompt-processing test per -p value and one generation test
+per -n value (0 skips that kind), each ``-r`` times; ``-o md|csv|json|jsonl`` picks the output.
+"""
 
 from __future__ import annotations
 
-import json
-import platform
+import os
 import sys
-import time
 from typing import Any
 
-from forge.cli.common import add_command, print_table
+from forge.bench_report import FORMATS, BenchRow, model_facts, render
+from forge.cli.common import add_command
+from forge.errors import UsageError
 
 ORDER = 30
+
+
+def _counts(text: str) -> list[int]:
+    """A comma list of token counts ("128,512")."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"expected a comma list of whole numbers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise UsageError(f"expected a comma list of counts >= 0, got {text!r}")
+    return values
 
 
 def add_parser(subparsers: Any) -> None:
     p = add_command(subparsers, "bench", bench, "measure prefill and generation speed")
     p.add_argument("model_path", nargs="?", metavar="MODEL", help="GGUF file (default model)")
-    p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens (pp test)")
-    p.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens (tg test)")
-    p.add_argument("-r", "--repetitions", type=int, default=3, help="timed runs of each test")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "-p",
+        "--n-prompt",
+        default="512",
+        metavar="N[,N...]",
+        help="prompt lengths, one pp test each (default 512; 0 = none)",
+    )
+    p.add_argument(
+        "-n",
+        "--n-gen",
+        default="128",
+        metavar="N[,N...]",
+        help="generated lengths, one tg test each (default 128; 0 = none)",
+    )
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs of each test")
+    p.add_argument("-o", "--output", choices=FORMATS, default="md", help="output format")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
 
 
 def bench(args: Any, ctx: Any) -> int:
     from forge.bench import bench_decode, bench_prefill
-    from forge.cli.run import load_model
-    from forge.errors import UsageError
+    from forge.cli.generation_flags import load_model
 
-    if min(args.n_prompt, args.n_gen, args.repetitions) < 1:
-        raise UsageError("--n-prompt, --n-gen and --repetitions must be >= 1")
-    t0 = time.perf_counter()
+    prompts = [n for n in _counts(args.n_prompt) if n]
+    gens = [n for n in _counts(args.n_gen) if n]
+    if args.repetitions < 1:
+        raise UsageError("-r/--repetitions must be >= 1")
+    if not prompts and not gens:
+        raise UsageError("nothing to measure: -p and -n are both 0")
+    need = max([*prompts, *(16 + n for n in gens)])
+    if need > ctx.config.n_ctx:
+        raise UsageError(f"the tests need {need} positions; raise -c/--ctx-size (now "
+                         f"{ctx.config.n_ctx})")  # fmt: skip
     model = load_model(args, ctx)
-    load_s = time.perf_counter() - t0
-    need = max(args.n_prompt, 16 + args.n_gen)
     if need > model.n_ctx:
-        raise UsageError(f"the tests need {need} positions; raise --n-ctx (now {model.n_ctx})")
-    results = [
-        bench_prefill(model, args.n_prompt, args.repetitions),
-        bench_decode(model, args.n_gen, args.repetitions),
-    ]
-    info = {
-        "model": model.path,
-        "arch": model.spec.arch,
-        "backend": model.backend,
-        "machine": platform.machine(),
-        "load_s": round(load_s, 3),
-        "results": [r.as_dict() for r in results],
-    }
-    if args.json:
-        json.dump(info, sys.stdout, indent=2)
-        print()
-    else:
-        rows = [
-            (model.spec.name or model.spec.arch, model.backend, r.test,
-             f"{r.median_tok_s:.1f} ± {r.stdev_tok_s:.1f}")
-            for r in results
-        ]  # fmt: skip
-        print_table(("model", "backend", "test", "t/s"), rows)
-        print(f"load {load_s:.2f} s", file=sys.stderr)
+        raise UsageError(f"the tests need {need} positions but the model holds {model.n_ctx}")
+    facts = {**model_facts(model), **_where(model, ctx)}
+    rows = []
+    for kind, sizes in (("pp", prompts), ("tg", gens)):
+        for n in sizes:
+            run = bench_prefill if kind == "pp" else bench_decode
+            result = run(model, n, args.repetitions)
+            rates = [n / t for t in result.runs_s]
+            rows.append(BenchRow(**facts, n_prompt=n if kind == "pp" else 0,
+                                 n_gen=n if kind == "tg" else 0, test=result.test,
+                                 avg_ts=result.median_tok_s, stddev_ts=result.stdev_tok_s,
+                                 samples_ts=rates))  # fmt: skip
+            if args.output == "jsonl":  # one line per test as it finishes, as llama-bench
+                sys.stdout.write(render(rows[-1:], "jsonl"))
+                sys.stdout.flush()
+    if args.output != "jsonl":
+        sys.stdout.write(render(rows, args.output))
     return 0
+
+
+def _where(model: Any, ctx: Any) -> dict[str, Any]:
+    """The backend with its threads (CPU) or its device's name (GPU)."""
+    probe = ctx.plugins.probe(model.backend)
+    devices = probe.devices or []
+    device = devices[ctx.config.device] if ctx.config.device < len(devices) else None
+    if device is not None and device.platform != "cpu":
+        return {"backend": model.backend, "n_threads": None, "device": device.name}
+    return {
+        "backend": model.backend,
+        "n_threads": ctx.config.threads or os.cpu_count(),
+        "device": None,
+    }

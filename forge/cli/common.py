@@ -41,8 +41,8 @@ def config_parent() -> argparse.ArgumentParser:
     )
     add_config_flag(g, "--device", key="device", help="device index within the backend")
     add_config_flag(g, "-m", "--model", key="model", help="GGUF model path")
-    add_config_flag(g, "--n-ctx", key="n_ctx", help="context window in tokens")
-    add_config_flag(g, "--threads", key="threads", help="CPU threads")
+    add_config_flag(g, "-c", "--ctx-size", "--n-ctx", key="n_ctx", help="context window in tokens")
+    add_config_flag(g, "-t", "--threads", key="threads", help="CPU threads")
     add_config_flag(
         g, "--log-level", key="log_level", help="debug, info, warning, error or critical"
     )

@@ -74,6 +74,7 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
         "totals": totals_by_type(gguf),
         "n_ctx": n_ctx,
         "memory": memory_by_backend(ctx, spec, gguf, n_ctx) if spec else {},
+        "chat_template": chat_template(gguf),
     }
     if args.json:
         print_json(report)
@@ -82,6 +83,19 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
     if spec_error is not None:
         raise spec_error
     return 0
+
+
+def chat_template(gguf: Any) -> dict[str, Any]:
+    """{"in_file": bool, "used": what chat renders with} (used: None if no tokenizer)."""
+    from forge.tokenizer import tokenizer_from_metadata
+    from forge.tokenizer.template_info import template_source
+
+    in_file = bool(gguf.metadata.get("tokenizer.chat_template"))
+    try:
+        used = template_source(tokenizer_from_metadata(gguf.metadata))
+    except ForgeError as err:
+        used = f"none: the tokenizer cannot be built ({err})"
+    return {"in_file": in_file, "used": used}
 
 
 def summarize(value: Any, items: int) -> dict[str, Any]:
@@ -149,6 +163,7 @@ def print_report(r: dict[str, Any], configured_n_ctx: int | None) -> None:
               f"{', tied output' if s['tied_output'] else ''}")  # fmt: skip
     else:
         print(f"model: cannot be built: {r['spec_error']}")
+    print(f"chat template: {r['chat_template']['used']}")
     print(f"\nmetadata ({len(r['metadata'])} keys)")
     rows = []
     for key, m in r["metadata"].items():

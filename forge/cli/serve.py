@@ -1,10 +1,11 @@
 """``forge serve [MODEL]``: the OpenAI-compatible HTTP server (needs the ``server`` extra).
 
 Binds 127.0.0.1 unless --host says otherwise. The model runs in a child process (HTTP here, the
-engine there: `forge.server.engine_process`) and loads in the background: /health answers at
-once, /ready turns 200 when the model is in. SIGTERM (or Ctrl-C) stops new requests
-(503) and lets the running ones finish, for up to --drain-timeout seconds, then exits 0; a
-second signal exits at once (`forge.server.shutdown`).
+engine there: `forge.server.engine_process`) and loads in the background: /health and /ready
+answer at once (503 "loading"), then 200 when the model is in. A model that fails to load ends
+the process with its reason and exit status 1. SIGTERM (or Ctrl-C) stops new requests (503) and
+lets the running ones finish, for up to --drain-timeout seconds, then exits 0; a second signal
+exits at once (`forge.server.shutdown`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from typing import Any
 
 from forge.cli.common import add_command, add_config_flag
-from forge.errors import UsageError
+from forge.errors import ForgeError, UsageError
 
 ORDER = 30
 log = logging.getLogger("forge")
@@ -64,9 +65,20 @@ def serve(args: Any, ctx: Any) -> int:
                                max_queue=config.max_queue)  # fmt: skip
         return engine.wait_ready()
 
-    app = create_app(loader, config)
+    failed: list[str] = []
+    app = create_app(loader, config, on_load_failure=lambda why: failed.append(why) or stop())
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                access_log=False, lifespan="on")  # fmt: skip
     server = draining_server(uvicorn, uv_config, app, config.drain_timeout)
+
+    def stop() -> None:
+        server.should_exit = True
+
     server.run()
+    if failed:
+        raise ModelLoadFailed(f"the model failed to load: {failed[0]}")
     return 1 if server.forced else 0
+
+
+class ModelLoadFailed(ForgeError):
+    """forge serve could not load its model (exit status 1)."""

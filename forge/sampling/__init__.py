@@ -7,6 +7,8 @@ the built-ins (`forge.sampling.builtin`) register through that same hook.
 
 Default chain (`DEFAULT_CHAIN`), each stage skipped when its parameters make it a no-op:
 
+0. ``grammar``     mask every token ``params.constraint`` (JSON schema, grammar, regex) does
+                   not allow next (`forge.sampling.constrained`); always runs when set
 1. ``logit_bias``  add ``params.logit_bias[token]`` to those logits (``-inf`` bans)
 2. ``penalties``   repetition (llama.cpp), presence and frequency (OpenAI) over the last
                    ``repeat_last_n`` tokens
@@ -16,8 +18,8 @@ Default chain (`DEFAULT_CHAIN`), each stage skipped when its parameters make it 
 6. ``temperature`` divide by ``temperature``
 7. picker          ``dist`` (draw from the softmax with the context's seeded RNG), or
                    ``greedy`` (argmax, lowest id among ties) when ``temperature == 0``; the
-                   greedy default chain runs only ``logit_bias`` and ``penalties`` since the
-                   other stages cannot change the argmax.
+                   greedy default chain runs only ``grammar``, ``logit_bias`` and
+                   ``penalties`` since the other stages cannot change the argmax.
 
 ``params.chain`` replaces the order: a list of names, optionally ending with a sampler name.
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from forge.hookspecs import hookimpl
-from forge.sampling import pickers, stages
+from forge.sampling import constrained, pickers, stages
 
 
 @hookimpl
 def forge_register_samplers(register: Callable[..., None]) -> None:
+    register("grammar", constrained.grammar)
     register("logit_bias", stages.logit_bias)
     register("penalties", stages.penalties)
     register("top_k", stages.top_k)

@@ -14,12 +14,13 @@ from forge.sampling.params import SamplingParams
 from forge.sampling.pickers import check_top
 from forge.sampling.registry import SamplerEntry, SamplerRegistry, default_registry
 
-DEFAULT_CHAIN = ("logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature")
+DEFAULT_CHAIN = ("grammar", "logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature")
 DEFAULT_PICKER = "dist"  # when temperature > 0
 GREEDY_PICKER = "greedy"  # when temperature == 0
+GRAMMAR_STAGE = "grammar"  # enforces params.constraint (forge.sampling.constrained)
 # With the greedy picker the truncation stages and temperature cannot change which token has
 # the highest logit (each keeps the maximum and its ties), so the default greedy chain skips them.
-GREEDY_CHAIN = ("logit_bias", "penalties")
+GREEDY_CHAIN = ("grammar", "logit_bias", "penalties")
 
 Stage = Callable[[np.ndarray, SamplingContext], np.ndarray]
 Picker = Callable[[np.ndarray, SamplingContext], int]
@@ -79,7 +80,7 @@ class Sampler:
 
     def reset(self, tokens: Iterable[int] = ()) -> None:
         """Start a new sequence: a fresh context with ``tokens`` and the same seed."""
-        self.ctx = SamplingContext(tokens, self.params.seed)
+        self.ctx = SamplingContext(tokens, self.params.seed, self.ctx.tokenizer)
 
 
 @lru_cache(maxsize=1)
@@ -91,12 +92,15 @@ def build_sampler(
     params: SamplingParams | Mapping[str, Any] | None = None,
     registry: SamplerRegistry | None = None,
     tokens: Iterable[int] = (),
+    tokenizer: Any = None,
 ) -> Sampler:
     """Build the sampler for ``params`` from the stages and samplers in ``registry``.
 
     :param params: a `SamplingParams`, a mapping validated into one, or None for defaults.
     :param registry: where names are looked up; None means the built-ins only.
     :param tokens: the prompt tokens the sampler's context starts with (seen by penalties).
+    :param tokenizer: the model's tokenizer, for stages that read token texts (``grammar``).
+    A ``params.constraint`` always runs: a chain that does not name ``grammar`` gets it first.
     :raises ConfigError: unknown names in ``params.chain`` (the error lists the known ones),
         a sampler anywhere but last, or invalid params.
     :raises PluginError: a factory failed or returned something unusable.
@@ -110,6 +114,8 @@ def build_sampler(
         names = list(GREEDY_CHAIN)
     else:
         names = list(DEFAULT_CHAIN)
+    if params.constraint is not None and GRAMMAR_STAGE not in names:
+        names.insert(0, GRAMMAR_STAGE)
     entries = [_lookup(registry, name) for name in names]
     for pos, entry in enumerate(entries[:-1]):
         if entry.kind == "sampler":
@@ -130,7 +136,8 @@ def build_sampler(
             f"sampler {entries[-1].name!r} (plugin {entries[-1].plugin!r}) "
             "returned None from its factory"
         )
-    return Sampler(params, stages, (entries[-1].name, picker), SamplingContext(tokens, params.seed))
+    ctx = SamplingContext(tokens, params.seed, tokenizer)
+    return Sampler(params, stages, (entries[-1].name, picker), ctx)
 
 
 def _lookup(registry: SamplerRegistry, name: str) -> SamplerEntry:

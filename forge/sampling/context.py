@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -12,13 +13,18 @@ class SamplingContext:
 
     ``rng`` is a NumPy Generator seeded from ``seed``: two contexts made with the same seed
     and fed the same logits and tokens make the same choices. ``seed=None`` draws fresh entropy.
+    ``tokenizer`` is the model's `forge.tokenizer.Tokenizer` (None when the sampler was built
+    without one), for stages that need token texts, such as ``grammar``.
     """
 
-    def __init__(self, tokens: Iterable[int] = (), seed: int | None = None) -> None:
+    def __init__(
+        self, tokens: Iterable[int] = (), seed: int | None = None, tokenizer: Any = None
+    ) -> None:
         self.tokens: list[int] = [int(t) for t in tokens]
         self.prompt_len = len(self.tokens)  # tokens[:prompt_len] came from the prompt
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.tokenizer = tokenizer
 
     def accept(self, token: int) -> None:
         """Record a token chosen (or forced) for this sequence."""

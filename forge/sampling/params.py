@@ -5,13 +5,27 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from forge.errors import ConfigError
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _split_names(value: Any) -> Any:
+    """llama.cpp's "top_k;top_p;temperature" (or a comma list) as a list of names."""
+    if isinstance(value, str):
+        return [name.strip() for name in value.replace(",", ";").split(";") if name.strip()]
+    return value
 
 
 @contextmanager
@@ -34,6 +48,18 @@ def config_errors(what: str = "sampling parameter") -> Iterator[None]:
         raise error from None
 
 
+class Constraint(BaseModel):
+    """What the generated text must match; the ``grammar`` stage enforces it while sampling
+    (`forge.sampling.constrained`), so every token sequence it lets through parses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["json_object", "json_schema", "grammar", "regex"]
+    # json_schema: the schema as JSON text; grammar: GBNF (llama.cpp) or Lark; regex: a
+    # pattern; json_object: unused (any JSON object)
+    text: str = ""
+
+
 class SamplingParams(BaseModel):
     """How the next token is chosen. Defaults follow llama.cpp's CLI defaults.
 
@@ -54,7 +80,10 @@ class SamplingParams(BaseModel):
     frequency_penalty: Finite = Field(0.0, ge=-2, le=2)  # OpenAI: times the token's count
     logit_bias: dict[int, float] = Field(default_factory=dict)  # token -> added; -inf bans
     seed: int | None = Field(None, ge=0)  # RNG seed; None = fresh entropy each context
-    chain: list[str] | None = None  # stage names in order, optionally ending with a sampler
+    # stage names in order, optionally ending with a sampler; a string splits at ";" or ","
+    # (llama.cpp's --samplers spelling)
+    chain: Annotated[list[str] | None, BeforeValidator(_split_names)] = None
+    constraint: Constraint | None = None  # structured output (JSON schema, grammar, regex)
 
     def __init__(self, **data: Any) -> None:
         with config_errors():

@@ -1,14 +1,18 @@
 """The FastAPI application: `create_app(model_or_loader, config)`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (OpenAI's API), GET /health
-(the process is up), GET /ready (200 once the model is loaded, 503 before), GET /metrics
-(Prometheus text format). With an API key configured, every route but /health and /ready (and
-/metrics if `metrics_public`) needs ``Authorization: Bearer <key>``, checked before the body is
-read (`forge.server.auth`); bodies beyond `max_body_bytes` get 413 (`forge.server.limits`).
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models and POST /v1/embeddings
+(501 until it exists): OpenAI's API, with JSON bodies whatever their Content-Type. GET /health
+(as llama-server's: 503 ``loading`` or ``failed``, 200 ``ok``), GET /ready (200 with the model's
+id once it is loaded, 503 before), GET /metrics (Prometheus text format). With an API key
+configured, every route but /health and /ready (and /metrics if `metrics_public`) needs
+``Authorization: Bearer <key>``, checked before the body is read (`forge.server.auth`); bodies
+beyond `max_body_bytes` get 413 (`forge.server.limits`). Every request gets one access-log line
+(`forge.server.access_log`).
 
 With a loader (a callable returning a `forge.Model`, or an `EngineProcess` running the model in a
 child process), the model loads in a background thread at startup so /health and /ready answer
-meanwhile; with a loaded model the app is ready at once.
+meanwhile; with a loaded model the app is ready at once. A load that fails calls
+`on_load_failure(reason)` (``forge serve`` then stops, exiting non-zero).
 At shutdown the scheduler stops taking requests (503) and finishes the ones it has
 (`forge.server.shutdown` ends those still open at the drain deadline).
 """
@@ -27,9 +31,11 @@ from fastapi.responses import JSONResponse, Response
 
 from forge.config import ServerConfig
 from forge.server import endpoints
+from forge.server.access_log import AccessLog
 from forge.server.auth import Authenticate, resolve_api_key
 from forge.server.engine_process import EngineProcess
 from forge.server.errors import APIError, install_error_handlers
+from forge.server.json_body import JSONBodies
 from forge.server.limits import LimitBody
 from forge.server.metrics import Metrics
 from forge.server.schemas import ChatRequest, CompletionRequest
@@ -105,7 +111,8 @@ class _CountRequests:
             raise
 
 
-def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> FastAPI:
+def create_app(model_or_loader: Any, config: ServerConfig | None = None,
+               on_load_failure: Callable[[str], None] | None = None) -> FastAPI:  # fmt: skip
     """An app serving a loaded `forge.Model`, or the model a zero-argument loader returns."""
     config = config or ServerConfig()
     api_key = resolve_api_key(config)
@@ -114,9 +121,11 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     def load_in_background(loader: Callable[[], Any]) -> None:
         try:
             state.attach(loader())
-        except Exception as exc:  # reported by /ready; the process keeps answering
-            log.exception("loading the model failed")
+        except Exception as exc:  # reported by /health and /ready, and to on_load_failure
+            log.debug("loading the model failed", exc_info=True)
             state.load_error = f"{type(exc).__name__}: {exc}"
+            if on_load_failure is not None:
+                on_load_failure(state.load_error)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,6 +148,8 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     app.add_middleware(LimitBody, max_bytes=config.max_body_bytes)
     app.add_middleware(Authenticate, api_key=api_key, metrics_public=config.metrics_public)
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(JSONBodies)
+    app.add_middleware(AccessLog)
 
     def service() -> Service:
         if state.service is None:
@@ -151,8 +162,15 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
         return state.service
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if state.service is None:
+            if state.load_error:
+                return JSONResponse({"status": "failed", "error": state.load_error}, 503)
+            return JSONResponse({"status": "loading"}, 503)
+        lost = getattr(state.service.scheduler, "lost", None)  # an engine process that died
+        if lost and not state.draining:
+            return JSONResponse({"status": "failed", "error": lost}, 503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -182,6 +200,11 @@ def create_app(model_or_loader: Any, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         return await endpoints.chat_completions(service(), body, request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings() -> None:
+        raise APIError(501, "embeddings are not supported yet", "not_implemented_error",
+                       code="not_implemented")  # fmt: skip
 
     return app
 

@@ -21,8 +21,11 @@ from forge.generation import TokenEvent
 from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
 from forge.server.limits import clamp_max_tokens
-from forge.server.schemas import ChatRequest, CompletionRequest, SamplingFields
+from forge.server.schemas import UNSUPPORTED, ChatRequest, CompletionRequest, SamplingFields
 from forge.server.service import Generation, Service
+from forge.server.structured import response_constraint
+from forge.server.tools import tool_message, tool_plan
+from forge.toolcall_stream import ReplyStream
 
 
 def _check_common(service: Service, body: SamplingFields) -> None:
@@ -30,6 +33,8 @@ def _check_common(service: Service, body: SamplingFields) -> None:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                        f"{service.id!r}", param="model", code="model_not_found")  # fmt: skip
     check(body.n == 1, "only n=1 is supported", "n")
+    for name in UNSUPPORTED:
+        check(name not in (body.model_extra or {}), f"{name} is not supported", name)
 
 
 def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
@@ -47,7 +52,7 @@ def _sampling(service: Service, body: SamplingFields) -> dict[str, Any]:
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
         "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "logit_bias": bias,
+        "logit_bias": bias, "chain": body.samplers,
     }  # fmt: skip
     return {k: v for k, v in values.items() if v is not None}
 
@@ -146,13 +151,16 @@ def _streaming_response(lines: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def _start(service: Service, prompt: Any, body: SamplingFields, max_tokens: int | None,
-                 logprobs: int | None) -> Generation:  # fmt: skip
+                 logprobs: int | None, constraint: dict | None = None) -> Generation:  # fmt: skip
     """Validate and queue a request; tokenizing (up to the body limit's worth of text) runs off
-    the event loop. A max_tokens beyond the context is clamped to it, and the usage says so."""
+    the event loop. `max_tokens` None: the configured default (Model.max_tokens); a max_tokens
+    beyond the context is clamped to it, and the usage says so. `constraint` (a tool plan's)
+    replaces response_format's."""
     model = service.model
+    constraint = constraint or response_constraint(body)
     state = await asyncio.to_thread(
-        model.start, prompt, max_tokens=max_tokens or model.n_ctx, stop=body.stop_list(),
-        logprobs=logprobs, **_sampling(service, body))  # fmt: skip
+        model.start, prompt, max_tokens=max_tokens, stop=body.stop_list(), logprobs=logprobs,
+        constraint=constraint, **_sampling(service, body))  # fmt: skip
     clamped = clamp_max_tokens(state, max_tokens)
     gen = service.generate(state)
     gen.max_tokens_clamped = clamped
@@ -169,7 +177,8 @@ async def completions(service: Service, body: CompletionRequest, request: Reques
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         check(len(prompt) == 1, "only one prompt per request is supported", "prompt")
         prompt = prompt[0]
-    gen = await _start(service, prompt, body, body.max_tokens, body.logprobs)
+    gen = request.state.generation = await _start(service, prompt, body, body.max_tokens,
+                                                  body.logprobs)  # fmt: skip
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": service.id}
 
@@ -232,13 +241,20 @@ def _top_by_text(service: Service, e: TokenEvent) -> dict[str, float]:
 # -- /v1/chat/completions ----------------------------------------------------------------------
 async def chat_completions(service: Service, body: ChatRequest, request: Request):
     _check_common(service, body)
-    check(not body.tools, "tools are not supported", "tools")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    ids = await asyncio.to_thread(service.chat_prompt, body.chat_messages())
+    plan = tool_plan(service.model, body)
+    check(not (plan and plan.constraint and body.response_format
+               and body.response_format.type != "text"),
+          "response_format cannot be combined with a tool_choice that forces a call "
+          "(or with tools, for this model's template)", "response_format")  # fmt: skip
+    messages, extra = (plan.messages, plan.template_vars) if plan else (body.chat_messages(), {})
+    ids = await asyncio.to_thread(service.chat_prompt, messages, **extra)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    gen = await _start(service, ids, body, max_tokens, logprobs)
+    constraint = plan.constraint if plan else None
+    gen = request.state.generation = await _start(service, ids, body, max_tokens, logprobs,
+                                                  constraint)  # fmt: skip
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def lp(events: list[TokenEvent]) -> dict | None:
@@ -253,8 +269,14 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         delta = {"index": 0, "delta": {"content": _SLOT}, "logprobs": None, "finish_reason": None}
         content_event = _sse_with_slot({**base, "choices": [delta]})
 
+        reply = ReplyStream(plan) if plan is not None else None  # content now, calls at the end
+
         def on_tokens(events: list[TokenEvent]) -> str:
             text = "".join(e.text for e in events)
+            if reply is not None:
+                return "".join(_sse({**base, "choices": [{"index": 0, "delta": d,
+                                    "logprobs": None, "finish_reason": None}]})
+                               for d in reply.push(text))  # fmt: skip
             if not body.logprobs:
                 return content_event(text) if text else ""
             c = {"index": 0, "delta": {"content": text}, "logprobs": lp(events),
@@ -262,8 +284,14 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
             return _sse({**base, "choices": [c]})
 
         def on_finish(done: Finished) -> str:
-            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish_reason(done)}
-            out = _sse({**base, "choices": [c]})
+            reason, out = _finish_reason(done), ""
+            if reply is not None:
+                deltas, reason = reply.finish(reason)
+                for d in deltas:
+                    c = {"index": 0, "delta": d, "logprobs": None, "finish_reason": None}
+                    out += _sse({**base, "choices": [c]})
+            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+            out += _sse({**base, "choices": [c]})
             if usage:
                 out += _sse({**base, "choices": [], "usage": _usage(done, gen)})
             return out
@@ -273,6 +301,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     done = gen.finished
     reason = _finish_reason(done)
     message = {"role": "assistant", "content": "".join(e.text for e in events)}
+    if plan is not None:
+        message, reason = tool_message(plan, message["content"], reason)
     choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": service.id, "choices": [choice],

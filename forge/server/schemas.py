@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints (field names and ranges as OpenAI's API).
 
 Unknown fields are ignored, as OpenAI's server does for fields it does not use (e.g. `user`);
-fields forge cannot honour (n > 1, echo, best_of > 1, tools) are refused with a 400 by the
-handlers rather than silently dropped.
+fields forge cannot honour (n > 1, echo, best_of > 1) are refused with a 400 by the handlers
+rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -18,10 +18,32 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format; llama-server's ``{"type": "json_object", "schema": ...}``
+    is taken too."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+
+# OpenAI fields forge does not honour yet: refused with a 400 rather than ignored
+UNSUPPORTED = ("functions", "function_call", "prediction", "audio")
+
+
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints. None means "the server's configured default"."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept to refuse UNSUPPORTED; others are ignored
 
     model: StrictStr | None = None
     stream: StrictBool = False
@@ -39,6 +61,10 @@ class SamplingFields(BaseModel):
     top_k: StrictInt | None = Field(None, ge=0)
     min_p: Finite | None = Field(None, ge=0, le=1)
     repeat_penalty: Finite | None = Field(None, gt=0)
+    samplers: StrictStr | list[StrictStr] | None = None  # the stage chain (llama.cpp's name)
+    grammar: StrictStr | None = None  # llama-server's: a GBNF (or Lark) grammar
+    json_schema: dict[str, Any] | None = None  # llama-server's: the output's JSON schema
+    response_format: ResponseFormat | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -50,7 +76,6 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr]
-    max_tokens: StrictInt | None = Field(16, ge=1)  # OpenAI's default for completions
     logprobs: StrictInt | None = Field(None, ge=0, le=20)
     echo: StrictBool = False
     best_of: StrictInt | None = Field(None, ge=1)
@@ -68,6 +93,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # the call a tool message answers
 
     def text(self) -> str:
         if self.content is None:
@@ -85,11 +112,17 @@ class ChatRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None  # None: as the template's style wants
 
-    def chat_messages(self) -> list[dict[str, str]]:
+    def chat_messages(self) -> list[dict[str, Any]]:
         """Messages as the chat template wants them ("developer" is the newer "system")."""
         out = []
         for m in self.messages:
             role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.text()})
+            message: dict[str, Any] = {"role": role, "content": m.text()}
+            for key in ("name", "tool_calls", "tool_call_id"):
+                if getattr(m, key) is not None:
+                    message[key] = getattr(m, key)
+            out.append(message)
         return out

@@ -178,12 +178,13 @@ class Service:
         """Queue `state` (raises QueueFullError / ShuttingDownError at once)."""
         return Generation(self, state).submit()
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation rendered with the model's chat template."""
+    def chat_prompt(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template (`extra`:
+        more template variables, such as ``tools``)."""
         tok = self.model.tokenizer
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        text = render_chat(self._template, messages, bos_token=bos, eos_token=eos)
+        text = render_chat(self._template, messages, bos_token=bos, eos_token=eos, **extra)
         ids = tok.encode(text, add_special=False)
         # the template usually writes BOS itself; add it only where it did not
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):

@@ -156,6 +156,14 @@ class Tokenizer(ABC):
             out.append(self.eos_id)
         return out
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids whose bytes are exactly `text`, as it would be encoded in the middle of a
+        sequence: no BOS or EOS, no SentencePiece space prefix, and control tokens' texts not
+        parsed (user-defined tokens still are). For grammar engines that splice tokens."""
+        out: list[int] = []
+        Tokenizer._encode_fragments(self, self._matcher.partition(text, False), out)
+        return out
+
     def _encode_fragments(self, fragments: list[str | int], out: list[int]) -> None:
         """Encode a partitioned text: ints are special token ids, strings are plain text."""
         for frag in fragments:

@@ -42,7 +42,7 @@ def test_sampling_table_follows_sampling_params():
     from forge.sampling import SamplingParams
 
     fields = set(Config().sampling.model_dump())
-    assert fields == set(SamplingParams.model_fields) - {"logit_bias", "chain"}
+    assert fields == set(SamplingParams.model_fields) - {"logit_bias", "constraint"}
     config, sources = load_config(environ={"FORGE_SAMPLING_PRESENCE_PENALTY": "1.5"})
     assert config.sampling.presence_penalty == 1.5
     with pytest.raises(ConfigError, match="presence_penalty"):
@@ -197,3 +197,14 @@ def test_a_bad_api_key_value_is_not_echoed(tmp_path):
         load_config(config_path=path)
     assert "server.api_key" in str(e.value) and "123456789" not in str(e.value)
     assert "'p0rt'" in str(e.value)  # other values are still shown
+
+
+def test_max_tokens_and_chain_keys(tmp_path):
+    """max_tokens is one key for CLI, API and server (-1: no limit, 0 refused); the sampler
+    chain takes llama.cpp's "a;b" spelling from the environment and files too."""
+    env = {"FORGE_MAX_TOKENS": "-1", "FORGE_SAMPLING_CHAIN": "top_k;temperature"}
+    config, sources = load_config(environ=env)
+    assert config.max_tokens == -1 and config.sampling.chain == ["top_k", "temperature"]
+    assert sources["max_tokens"] == "env FORGE_MAX_TOKENS"
+    with pytest.raises(ConfigError, match="max_tokens.*use -1 for no limit"):
+        load_config({"max_tokens": 0}, environ={})

@@ -339,12 +339,15 @@ def test_unavailable_fallback_reports_both_reasons(pm):
 def test_auto_picks_highest_available_score_and_says_why(pm, caplog):
     absent = make_backend("faster_but_absent", False, 99, "not here")
     pm.register(backend_plugin(make_backend("fast", True, score=50), absent), "p")
-    with caplog.at_level(logging.INFO, logger="forge"):
+    with caplog.at_level(logging.DEBUG, logger="forge"):
         name, reason = pm.select_backend(Cfg("auto"))
     assert name == "fast"
     assert "auto picked backend 'fast' (highest score 50)" in reason
-    assert "faster_but_absent (not here)" in reason
-    assert [r.getMessage() for r in caplog.records if r.name == "forge"] == [reason]
+    assert "faster_but_absent" not in reason  # one short line: the details are debug output
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "forge"]
+    assert (logging.INFO, reason) in messages
+    assert any(level == logging.DEBUG and "faster_but_absent (not here)" in text
+               for level, text in messages)  # fmt: skip
 
 
 def test_auto_says_it_fell_back_to_the_cpu(pm, caplog):
@@ -352,7 +355,8 @@ def test_auto_says_it_fell_back_to_the_cpu(pm, caplog):
     with caplog.at_level(logging.INFO, logger="forge"):
         name, reason = pm.select_backend(Cfg())
     assert name == "cpu_simd"
-    assert "fell back to the CPU" in reason and "gpu (no device)" in reason
+    assert "fell back to the CPU" in reason and "forge backends" in reason
+    assert "gpu (no device)" not in reason
     assert any("fell back to the CPU" in r.getMessage() for r in caplog.records)
 
 

@@ -106,7 +106,8 @@ def test_params_defaults_and_json_style_input():
         ("presence_penalty", 2.5),
         ("frequency_penalty", -2.01),
         ("seed", -1),
-        ("chain", "top_k"),
+        ("chain", 5),
+        ("constraint", {"kind": "xml"}),
         ("logit_bias", {-1: 1.0}),
         ("logit_bias", {10**30: 1.0}),  # (was an OverflowError in the sampler stage)
         ("logit_bias", {1: float("nan")}),
@@ -411,9 +412,17 @@ def test_sample_rejects_bad_shapes():
 
 
 def test_default_chain_order():
-    assert DEFAULT_CHAIN == ("logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature")
+    assert DEFAULT_CHAIN == (
+        "grammar", "logit_bias", "penalties", "top_k", "top_p", "min_p", "temperature"
+    )  # fmt: skip
     params = SamplingParams(logit_bias={0: 1.0}, repeat_penalty=1.1)
-    assert build_sampler(params).chain == [*DEFAULT_CHAIN, "dist"]
+    assert build_sampler(params).chain == [*DEFAULT_CHAIN[1:], "dist"]  # grammar: no constraint
+
+
+def test_chain_splits_llama_cpp_spelling():
+    """--samplers "top_k;top_p;temperature" and a comma list name the same chain."""
+    for text in ("top_k;top_p;temperature", "top_k, top_p, temperature"):
+        assert SamplingParams(chain=text).chain == ["top_k", "top_p", "temperature"]
 
 
 def test_chain_override_changes_the_result():

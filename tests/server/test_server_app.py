@@ -33,7 +33,8 @@ def test_ready_only_once_the_model_is_loaded(golden_dir):
         return _load(golden_dir / "models" / "llama-f32.gguf")
 
     with TestClient(create_app(loader, ServerConfig())) as client:
-        assert client.get("/health").status_code == 200
+        r = client.get("/health")  # as llama-server: 503 while loading
+        assert r.status_code == 503 and r.json() == {"status": "loading"}
         r = client.get("/ready")
         assert r.status_code == 503 and r.json()["status"] == "loading"
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
@@ -44,22 +45,27 @@ def test_ready_only_once_the_model_is_loaded(golden_dir):
                 break
             threading.Event().wait(0.05)
         assert client.get("/ready").json() == {"status": "ready", "model": "llama-f32"}
+        assert client.get("/health").json() == {"status": "ok"}
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
-def test_failed_load_is_reported_not_fatal():
+def test_failed_load_is_reported_and_announced():
     def loader():
         raise FileNotFoundError("no such model: missing.gguf")
 
-    with TestClient(create_app(loader)) as client:
+    announced = []
+    with TestClient(create_app(loader, on_load_failure=announced.append)) as client:
         for _ in range(100):
             if client.get("/ready").json()["status"] != "loading":
                 break
             threading.Event().wait(0.02)
         r = client.get("/ready")
         assert r.status_code == 503 and "missing.gguf" in r.json()["error"]
-        assert client.get("/health").status_code == 200
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "failed"
+        assert "missing.gguf" in r.json()["error"]
+    assert announced == ["FileNotFoundError: no such model: missing.gguf"]
 
 
 def test_default_model_batched_matches_llama_cpp(default_model_path, golden_dir):
@@ -98,3 +104,26 @@ def test_default_model_batched_matches_llama_cpp(default_model_path, golden_dir)
             agreed.append(n)
     assert sum(agreed) >= 4 * 4  # most of the compared tokens agree before any near tie
     assert model.allocator.usage == 0.0
+
+
+def test_access_log_json_without_content_type_and_embeddings(golden_dir, caplog):
+    """curl -d sends form-encoded: the body is JSON all the same; each request logs one line
+    with its method, path, status, tokens and time; /v1/embeddings is a 501 OpenAI error."""
+    import logging
+
+    with TestClient(create_app(_load(golden_dir / "models" / "llama-f32.gguf"))) as client:
+        caplog.set_level(logging.INFO, logger="forge.server")
+        caplog.clear()
+        body = b'{"prompt": "x", "max_tokens": 3, "temperature": 0}'
+        for content_type in ("application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": content_type} if content_type else {}
+            r = client.post("/v1/completions", headers=headers, content=body)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        r = client.post("/v1/embeddings", json={"input": "x", "model": "llama-f32"})
+        assert r.status_code == 501
+        assert r.json()["error"]["type"] == "not_implemented_error" and r.json()["error"]["message"]
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "forge.server"]
+    access = [line for line in lines if line.startswith(("POST ", "GET "))]
+    assert len(access) == 3
+    assert access[0].startswith("POST /v1/completions 200 3 tokens ") and access[0].endswith(" s")
+    assert access[2].startswith("POST /v1/embeddings 501 - tokens ")

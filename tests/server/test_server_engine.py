@@ -1,6 +1,6 @@
 """`forge serve`'s engine process (forge.server.engine_process): the model runs in a child of
-the HTTP process. What must hold when the child fails: a model the backend cannot load is
-reported by /ready with the reason; a child that dies ends every open request with an error
+the HTTP process. What must hold when the child fails: a model the backend cannot load
+ends forge serve with the reason; a child that dies ends every open request with an error
 and the server answers 503 instead of hanging."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -48,7 +49,8 @@ def test_generation_runs_in_the_engine_process(golden_dir, tmp_path):
         assert ready["status"] == "failed" and "engine" in ready["error"]
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
         assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
-        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+        health = httpx.get(server.url + "/health", timeout=5)
+        assert health.status_code == 503 and health.json()["status"] == "failed"
     finally:
         server.stop()
 
@@ -70,19 +72,17 @@ def test_open_streams_end_with_an_error_when_the_engine_dies(golden_dir, tmp_pat
         server.stop()
 
 
-def test_a_model_the_backend_cannot_load_is_reported_by_ready(golden_dir, tmp_path):
+def test_a_model_the_backend_cannot_load_ends_forge_serve(golden_dir):
     """The front (HTTP) side opens the GGUF; the engine fails to load it on a backend this
-    machine lacks: /ready turns 503 with the engine's reason and the process keeps answering."""
-    server = Server(golden_dir / "models" / f"{MODEL}.gguf", tmp_path, "--backend",
-                    "no-such-backend", until="failed")  # fmt: skip
-    try:
-        r = httpx.get(server.url + "/ready", timeout=5)
-        assert r.status_code == 503 and "no-such-backend" in r.json()["error"]
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
-        r = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
-        assert r.status_code == 503 and "no-such-backend" in r.json()["error"]["message"]
-    finally:
-        server.stop()
+    machine lacks: forge serve ends with the engine's reason and exit status 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    done = subprocess.run([sys.executable, "-m", "forge", "serve",
+                           str(golden_dir / "models" / f"{MODEL}.gguf"), "--port", "0",
+                           "--backend", "no-such-backend"], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert "forge: error: the model failed to load:" in done.stderr
+    assert "no-such-backend" in done.stderr and "Traceback" not in done.stderr
 
 
 SLOW_LOAD = """

@@ -1,0 +1,73 @@
+"""`forge bench` like llama-bench: comma lists make one test each, the model's facts in every
+row (checked against the `gguf` package's own reader), and md, csv, json and jsonl output."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import warnings
+
+import gguf
+import pytest
+
+import forge.api
+from forge.cli import main
+
+
+@pytest.fixture(autouse=True)
+def clean_env(fresh_forge_env):
+    warnings.simplefilter("ignore")
+
+
+@pytest.fixture(scope="module")
+def model_path(golden_dir):
+    return str(golden_dir / "models" / "llama-q8_0.gguf")
+
+
+def bench(capsys, model_path, *argv):
+    code = main(["bench", model_path, "--backend", "cpu_simd", "-r", "1", "-t", "2", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_comma_lists_give_one_row_per_test_with_the_model_facts(capsys, model_path):
+    rows = json.loads(bench(capsys, model_path, "-p", "8,16", "-n", "2,3", "-o", "json"))
+    assert [r["test"] for r in rows] == ["pp8", "pp16", "tg2", "tg3"]
+    assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [(8, 0), (16, 0), (0, 2), (0, 3)]
+    reader = gguf.GGUFReader(model_path)
+    params = sum(int(t.n_elements) for t in reader.tensors)
+    size = sum(int(t.n_bytes) for t in reader.tensors)
+    for r in rows:
+        assert r["model_n_params"] == params and r["model_size"] == size
+        assert r["model_type"] == "llama Q8_0" and r["backend"] == "cpu_simd"
+        assert r["n_threads"] == 2 and r["device"] is None
+        assert r["avg_ts"] > 0 and len(r["samples_ts"]) == 1
+
+
+def test_md_csv_and_jsonl(capsys, model_path):
+    md = bench(capsys, model_path, "-p", "8", "-n", "0").splitlines()
+    assert [c.strip() for c in md[0].strip("|").split("|")] == [
+        "model", "size", "params", "backend", "threads", "test", "t/s"]  # fmt: skip
+    cells = [c.strip() for c in md[2].strip("|").split("|")]
+    assert len(md) == 3 and cells[5] == "pp8" and " ± " in cells[6] and cells[2] == "1.45 M"
+    table = list(csv.DictReader(io.StringIO(bench(capsys, model_path, "-p", "0", "-n", "2",
+                                                  "-o", "csv"))))  # fmt: skip
+    assert [(r["test"], r["n_gen"], r["backend"]) for r in table] == [("tg2", "2", "cpu_simd")]
+    lines = bench(capsys, model_path, "-p", "4", "-n", "2", "-o", "jsonl").splitlines()
+    assert [json.loads(line)["test"] for line in lines] == ["pp4", "tg2"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-p", "8,x"], "comma list of whole numbers"),
+    (["-p", "-8"], "counts >= 0"),
+    (["-p", "0", "-n", "0"], "nothing to measure"),
+    (["-r", "0"], "repetitions"),
+    (["-p", "9000", "-c", "512"], "raise -c/--ctx-size"),
+])  # fmt: skip
+def test_bad_lists_fail_before_loading(capsys, monkeypatch, model_path, argv, words):
+    monkeypatch.setattr(forge.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    code = main(["bench", model_path, *argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and words in err and out == ""
