@@ -165,6 +165,8 @@ class Bench:
                 most = cfg.get("bps", 4) * self.sms
                 grid = -(-items // -(-items // most))
                 flags = cfg.get("flags", DEFAULT.mvq_flags)
+                if cfg.get("plan") and nbytes > DEFAULT.mvq_prefetch_bytes:
+                    flags &= ~1  # the plan's rule: big matrices never prefetch (l2_prefetch_pays)
                 need = mvq_need(types)
                 xg = 0
                 quant = None
@@ -284,16 +286,17 @@ KNOBS = {"mvq_flags": ("flags", (0, 1, 3, 5, 7)), "mvq_blocks": ("bps", (2, 4, 8
 
 
 def write_tuning(b: Bench, out: Path) -> int:
-    """Time each knob's candidates over one decode step's products (R = 1) of both twins; the
-    best candidate (the sum over models of its step time relative to that model's best) goes
-    into <out>/<arch>.json with the per-model step times it rests on."""
+    """Time each knob's candidates over one decode step's products (R = 1) of both twins, as the
+    plan launches them (its prefetch rule applied to the flags); the best candidate (the sum
+    over models of its step time relative to that model's best) goes into <out>/<arch>.json
+    with the per-model step times it rests on."""
     knobs = {}
     for knob, (key, values) in KNOBS.items():
         steps: dict[int, dict[str, float]] = {v: {} for v in values}
         for name, types, K, ns, glu, layers in SHAPES:
-            for r in b.run_shape(name, types, K, ns, glu, 1, [{"kind": "new", key: v}
+            for r in b.run_shape(name, types, K, ns, glu, 1, [{"kind": "new", key: v, "plan": 1}
                                                              for v in values]):  # fmt: skip
-                v = int(r["cfg"].split(f"{key}=")[1])
+                v = int(r["cfg"].split(f"{key}=")[1].split(",")[0])
                 model = name.split(".")[0]
                 steps[v][model] = steps[v].get(model, 0.0) + layers * r["us"]
         best = {m: min(steps[v][m] for v in values) for m in steps[values[0]]}

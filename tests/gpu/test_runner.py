@@ -147,7 +147,7 @@ def test_started_step_is_read_when_collected(rt, golden_dir):
         want = runner.forward_sample(batch, picks)
         assert want[1] is None
         collect = runner.start_sample(batch, picks)  # same positions: the same K/V rewritten
-        assert runner._unfetched
+        assert runner.steps.unfetched
         other = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]
         assert collect() == want and collect() == want
         alone = runner.forward([SeqBatch(seqs[3][-1:], len(seqs[3]) - 1, tables[3])])[0]

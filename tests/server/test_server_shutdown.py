@@ -2,7 +2,7 @@
 deadline, open streams end with an error event; a second signal exits at once; a client that
 stops reading cannot keep the process alive.
 
-The model is llama-f32 rewritten with a 64k context, so a request without max_tokens runs far
+The model is llama-f32 rewritten with a 64k context, so a request for 60,000 tokens runs far
 longer than the 1 s drain deadline used here."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _start(long_model, tmp_path, *args):
 
 def _endless(stream: bool) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": "Go on"}], "stream": stream,
-            "temperature": 1, "logit_bias": NO_EOS}  # fmt: skip
+            "temperature": 1, "logit_bias": NO_EOS, "max_tokens": 60000}  # fmt: skip
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
