@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from forge.backend import Runner, SeqBatch
+from forge.backend import Runner, SeqBatch, kv_type_args
 from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
-from forge.kv_cache import BlockAllocator, BlockTable
+from forge.kv_cache import BlockAllocator, BlockTable, KvTypes
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
 from forge.scheduler import PREFILL_CHUNK, Finished, Scheduler
@@ -406,9 +406,11 @@ class _NoRunner(Runner):
 
 def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None:
     backend = pm.backend(name)
+    kv_types = KvTypes.parse(config.kv_cache_type_k, config.kv_cache_type_v)
+    extra = kv_type_args(backend.open_runner, kv_types, name)
     try:
         return backend.open_runner(
-            spec, gguf, pm.kernels, device=config.device, progress=progress, n_ctx=n_ctx
+            spec, gguf, pm.kernels, device=config.device, progress=progress, n_ctx=n_ctx, **extra
         )
     except ForgeError as err:
         if err.recoverable and config.fallback and config.fallback != name:

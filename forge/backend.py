@@ -8,6 +8,7 @@ and sampling stays in the core; the runner only computes.
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -17,10 +18,12 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 
 from forge.devices import BackendProbe
+from forge.errors import UsageError
 
 if TYPE_CHECKING:
     from forge.gguf import GGUFFile
     from forge.kernels import KernelTable
+    from forge.kv_cache import KvTypes
     from forge.models.spec import ModelSpec
 
 
@@ -247,6 +250,17 @@ class Runner(ABC):
         return {}
 
 
+def kv_type_args(method: Callable, kv_types: KvTypes, backend: str) -> dict:
+    """The keyword arguments passing `kv_types` to a backend's `open_runner` or
+    `memory_needed`: none when no type was chosen (backends written before KV types still
+    work), a UsageError when one was and the method takes none."""
+    if not kv_types.chosen:
+        return {}
+    if "kv_types" not in inspect.signature(method).parameters:
+        raise UsageError(f"backend {backend!r} takes no KV cache types (kv_cache_type_k/v)")
+    return {"kv_types": kv_types}
+
+
 class Backend(ABC):
     """A way to execute models. Subclasses are registered by plugins; `probe` must never raise."""
 
@@ -268,17 +282,23 @@ class Backend(ABC):
         device: int = 0,
         progress: Callable[[int, int], None] | None = None,
         n_ctx: int | None = None,
+        kv_types: KvTypes | None = None,
     ) -> Runner:
         """Place the model's weights on device `device` and return a runner for it.
 
         `n_ctx`, when given, is the context the caller will allocate KV blocks for, so that a
-        memory preflight can count the KV cache too.
+        memory preflight can count the KV cache too. `kv_types`: the formats asked for K and V
+        (`forge.kv_cache.KvFormat`; None or a None field: the backend's choice); a format the
+        backend cannot store is an UnsupportedModelError, raised before any weight loads.
 
         `progress(done, total)`, when given, is called as weights are placed.
 
         Raises `OutOfMemoryError` (after freeing what it took) when the weights do not fit.
         """
 
-    def memory_needed(self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
-        """Estimated bytes to run this model with an `n_ctx` cache: weights, kv_cache, workspace."""
+    def memory_needed(
+        self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
+    ) -> dict[str, int]:
+        """Estimated bytes to run this model with an `n_ctx` cache (`kv_types` as for
+        open_runner): weights, kv_cache, workspace."""
         return {}

@@ -26,6 +26,7 @@ from forge.errors import ConfigError
 from forge.sampling.params import SamplingParams
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+KvType = Literal["auto", "f32", "f16", "bf16", "q8_0", "q4_0"]
 
 
 # The config's sampling table takes SamplingParams' own fields (types, ranges, defaults), less
@@ -73,6 +74,10 @@ class Config(BaseModel):
     # tokens generated when a request, flag or call does not say (CLI, Python API and server
     # alike); -1 = until an end-of-generation token or the context is full
     max_tokens: int = Field(256, ge=-1)
+    # how the KV cache stores keys and values, as llama.cpp's --cache-type-k/-v; "auto": the
+    # backend's choice (cpu_simd float32; hip float16, or float32 for all-F32 weights)
+    kv_cache_type_k: KvType = "auto"
+    kv_cache_type_v: KvType = "auto"
     log_level: LogLevel = "info"
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)

@@ -8,22 +8,71 @@ or cancelled sequence gives its blocks back at once.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 
-from forge.errors import ContextOverflowError, OutOfMemoryError
+from forge.errors import ContextOverflowError, OutOfMemoryError, UsageError
 
 
 class KvFormat(enum.Enum):
-    """How a runner stores K and V: the element type of its cache. Attention reads the stored
-    format directly."""
+    """How a runner stores K or V: the element type of its cache, as llama.cpp's
+    --cache-type-k/-v names them. The quantized ones hold blocks of 32 values of a head (8-bit
+    or 4-bit integers with an f16 scale, GGML's Q8_0 / Q4_0). Attention reads the stored format
+    directly."""
 
     F32 = "f32"
     F16 = "f16"
+    BF16 = "bf16"
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
 
     @property
-    def bytes_per_value(self) -> int:
-        return {KvFormat.F32: 4, KvFormat.F16: 2}[self]
+    def block(self) -> int:
+        """Values per block (a head's size must be a multiple of it)."""
+        return 32 if self in (KvFormat.Q8_0, KvFormat.Q4_0) else 1
+
+    @property
+    def block_bytes(self) -> int:
+        return _BLOCK_BYTES[self]
+
+    def nbytes(self, values: int) -> int:
+        """Bytes of `values` values (a whole number of blocks)."""
+        return -(-values // self.block) * self.block_bytes
+
+
+@dataclass(frozen=True)
+class KvTypes:
+    """The formats a cache is asked to store K and V in (None: the backend's choice)."""
+
+    k: KvFormat | None = None
+    v: KvFormat | None = None
+
+    @classmethod
+    def parse(cls, k: str = "auto", v: str = "auto") -> KvTypes:
+        """From config values ("auto" or a `KvFormat` value), naming a bad one."""
+        return cls(*(None if t == "auto" else _format(t, key) for t, key in
+                     ((k, "kv_cache_type_k"), (v, "kv_cache_type_v"))))  # fmt: skip
+
+    def resolve(self, k: KvFormat, v: KvFormat | None = None) -> tuple[KvFormat, KvFormat]:
+        """The (K, V) formats, the backend's choices `k` and `v` where none was asked."""
+        return self.k or k, self.v or v or k
+
+    @property
+    def chosen(self) -> bool:
+        return self.k is not None or self.v is not None
+
+
+def _format(value: str, key: str) -> KvFormat:
+    try:
+        return KvFormat(value)
+    except ValueError:
+        names = ", ".join(["auto"] + [f.value for f in KvFormat])
+        raise UsageError(f"{key} must be one of {names}; got {value!r}") from None
+
+
+_BLOCK_BYTES = {KvFormat.F32: 4, KvFormat.F16: 2, KvFormat.BF16: 2, KvFormat.Q8_0: 34,
+                KvFormat.Q4_0: 18}  # fmt: skip
 
 
 class BlockAllocator:

@@ -43,6 +43,10 @@ def config_parent() -> argparse.ArgumentParser:
     add_config_flag(g, "-m", "--model", key="model", help="GGUF model path")
     add_config_flag(g, "-c", "--ctx-size", "--n-ctx", key="n_ctx", help="context window in tokens")
     add_config_flag(g, "-t", "--threads", key="threads", help="CPU threads")
+    add_config_flag(g, "-ctk", "--cache-type-k", key="kv_cache_type_k",
+                    help="KV cache type for K: auto, f32, f16, bf16, q8_0, q4_0")  # fmt: skip
+    add_config_flag(g, "-ctv", "--cache-type-v", key="kv_cache_type_v",
+                    help="KV cache type for V: auto, f32, f16, bf16, q8_0, q4_0")  # fmt: skip
     add_config_flag(
         g, "--log-level", key="log_level", help="debug, info, warning, error or critical"
     )

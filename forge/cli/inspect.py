@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from forge.backend import kv_type_args
 from forge.cli.common import Context, add_command, print_json, print_table
 from forge.errors import ForgeError
+from forge.kv_cache import KvTypes
 
 ORDER = 40
 MEMORY_KINDS = ("weights", "kv_cache", "workspace")
@@ -73,6 +75,7 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
         ],  # fmt: skip
         "totals": totals_by_type(gguf),
         "n_ctx": n_ctx,
+        "kv_cache_types": [ctx.config.kv_cache_type_k, ctx.config.kv_cache_type_v],
         "memory": memory_by_backend(ctx, spec, gguf, n_ctx) if spec else {},
         "chat_template": chat_template(gguf),
     }
@@ -140,7 +143,10 @@ def memory_by_backend(ctx: Context, spec: Any, gguf: Any, n_ctx: int) -> dict[st
             "device_free": probe.devices[0].memory_free if probe.devices else None,
         }
         try:
-            needed = pm.backend(name).memory_needed(spec, gguf, n_ctx) or {}
+            kv_types = KvTypes.parse(ctx.config.kv_cache_type_k, ctx.config.kv_cache_type_v)
+            backend = pm.backend(name)
+            extra = kv_type_args(backend.memory_needed, kv_types, name)
+            needed = backend.memory_needed(spec, gguf, n_ctx, **extra) or {}
         except Exception as exc:  # a plugin's estimate must not take the command down
             row["error"] = f"{type(exc).__name__}: {exc}"
             out[name] = row
@@ -190,7 +196,8 @@ def print_report(r: dict[str, Any], configured_n_ctx: int | None) -> None:
         if configured_n_ctx and configured_n_ctx > r["n_ctx"]
         else ""
     )
-    print(f"\nmemory needed at n_ctx {r['n_ctx']}{capped}")
+    k, v = r["kv_cache_types"]
+    print(f"\nmemory needed at n_ctx {r['n_ctx']}{capped}, KV cache K {k}, V {v}")
     rows = []
     for name, m in r["memory"].items():
         cells = [human(m.get(k)) for k in (*MEMORY_KINDS, "total")]

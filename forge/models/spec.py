@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forge.kv_cache import KvFormat
+
 Activation = Literal["silu", "gelu_tanh"]
 
 
@@ -73,9 +75,14 @@ class ModelSpec(_Part):
     ffn: FFN
     layers: tuple[LayerSpec, ...]
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """KV-cache bytes one position costs across all layers."""
-        return self.n_layer * self.n_head_kv * (self.head_dim + self.head_dim_v) * dtype_bytes
+    def kv_bytes_per_token(self, k: KvFormat = KvFormat.F32, v: KvFormat | None = None) -> int:
+        """KV-cache bytes one position costs across all layers, K stored as `k` and V as `v`
+        (None: as K)."""
+        v = v or k
+        per_layer = k.nbytes(self.n_head_kv * self.head_dim) + v.nbytes(
+            self.n_head_kv * self.head_dim_v
+        )
+        return self.n_layer * per_layer
 
     def weight_names(self) -> list[str]:
         """Every GGUF tensor name this model needs (`forge.models.weights.model_weights`)."""

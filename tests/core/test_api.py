@@ -129,3 +129,28 @@ def test_block_table_ensure_allocates_only_past_its_room():
     assert alloc.n_free == 8 and table.array().size == 0
     table.ensure(1)
     assert len(table.blocks) == 1 and alloc.n_free == 7
+
+
+def test_kv_cache_types_reach_a_backend_that_takes_them(golden_dir, monkeypatch):
+    """kv_cache_type_k/v go to the backend's open_runner; a backend whose open_runner does not
+    take them gets no surprise argument, and asking it for a type is a clear error."""
+    from forge_cpu_simd.plugin import CpuSimdBackend
+
+    from forge.plugins import get_plugin_manager
+
+    path = str(golden_dir / "models" / "llama-q8_0.gguf")
+    with forge.load(path, backend="cpu_simd", n_ctx=64, config={"kv_cache_type_v": "q4_0"}) as m:
+        assert (m.runner.k_cache[0].fmt.value, m.runner.v_cache[0].fmt.value) == ("f32", "q4_0")
+    with pytest.raises(ConfigError, match="kv_cache_type_k"):
+        forge.load(path, backend="cpu_simd", config={"kv_cache_type_k": "q5_0"})
+
+    def old_open_runner(self, spec, gguf, kernels, *, device=0, progress=None, n_ctx=None):
+        return original(self, spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx)
+
+    original = CpuSimdBackend.open_runner
+    monkeypatch.setattr(CpuSimdBackend, "open_runner", old_open_runner)
+    get_plugin_manager()._instances.clear()
+    with forge.load(path, backend="cpu_simd", n_ctx=64) as m:  # auto: nothing passed
+        assert m.runner.k_cache[0].fmt.value == "f32"
+    with pytest.raises(UsageError, match="backend 'cpu_simd' takes no KV cache types"):
+        forge.load(path, backend="cpu_simd", n_ctx=64, config={"kv_cache_type_k": "f16"})

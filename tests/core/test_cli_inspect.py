@@ -164,7 +164,7 @@ def test_default_model(capsys, default_model_path, cpu_only):
     assert f"file: {default_model_path}" in out
     assert "model: gemma3 'Gemma 3 270m': 18 layers" in out
     assert "array[str] x262144" in out
-    assert "memory needed at n_ctx 512\n" in out
+    assert "memory needed at n_ctx 512, KV cache K auto, V auto\n" in out
 
 
 def test_unbuildable_model_is_shown_then_fails(capsys, golden_dir, tmp_path, cpu_only):
@@ -198,3 +198,15 @@ def test_unreadable_file_is_one_line_error(capsys, tmp_path, content, message):
     assert out == ""
     assert err.count("\n") == 1 and err.startswith(f"forge: error: {path}: ")
     assert message in err and "Traceback" not in err
+
+
+def test_memory_counts_the_chosen_kv_cache_types(capsys, model, cpu_only):
+    """-ctk / -ctv: K as Q8_0 (34 bytes per 32 values) and V as Q4_0 (18 per 32) instead of
+    float32's 128 bytes per 32."""
+    code, out, _ = run(capsys, "inspect", model, "--json", "--n-ctx", "256", "-ctk", "q8_0",
+                       "-ctv", "q4_0")  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    assert data["kv_cache_types"] == ["q8_0", "q4_0"]
+    per_32 = 34 + 18  # K and V of 32 values
+    assert data["memory"]["cpu_simd"]["kv_cache"] == 256 * 2 * 2 * (64 // 32) * per_32

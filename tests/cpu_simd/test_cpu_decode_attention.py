@@ -39,7 +39,7 @@ def test_decode_attention_matches_float64_per_sequence():
     for r, span in enumerate(spans):
         past[r, : len(span)] = span
         valid[r, : len(span)] = True
-    got = ops.decode_attention(q, kc, vc, past, valid, 0.25)
+    got = ops.decode_attention(q, kc[past], vc[past], valid, 0.25)
     assert got.shape == (4, n_head, dv) and got.dtype == np.float32
     for r, span in enumerate(spans):
         want = _reference(q[r], kc[span], vc[span], 0.25)

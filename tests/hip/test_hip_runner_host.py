@@ -12,6 +12,7 @@ import pytest
 from forge.backend import DeviceSampling, SeqBatch
 from forge.errors import ContextOverflowError, ForgeRuntimeError, OutOfMemoryError
 from forge.gguf import open_gguf
+from forge.kv_cache import KvFormat
 from forge.models import build_spec
 from forge.plugins import get_plugin_manager
 from tests.support.fake_runtime import FakeRuntime
@@ -387,7 +388,7 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     gguf, spec = _spec(golden_dir, "gemma3-q4_k_m.gguf")
     need = HipBackend().memory_needed(spec, gguf, 1024)
     assert need["weights"] >= sum(gguf.tensors[n].nbytes for n in spec.weight_names())
-    assert need["kv_cache"] == spec.kv_bytes_per_token(2) * 1024
+    assert need["kv_cache"] == spec.kv_bytes_per_token(KvFormat.F16) * 1024
     assert need["workspace"] > 0
 
 
@@ -679,3 +680,26 @@ def test_masked_picks_launch_mask_logits_before_sampling(golden_dir):
         runner.forward_sample(batch[:1], [DeviceSampling(mask=mask[:2])])
     runner.close()
     assert not rt.live
+
+
+def test_kv_types_the_kernels_cannot_read_are_refused_before_anything_is_placed(golden_dir):
+    from forge_hip.runner import HipRunner
+
+    from forge.errors import UnsupportedModelError
+    from forge.kv_cache import KvTypes
+
+    gguf, spec = _spec(golden_dir, "qwen2-q4_k.gguf")
+    kernels = get_plugin_manager().kernels
+    refused = {("q8_0", "q8_0"): "reads f16, f32 KV caches, not q8_0",
+               ("f16", "f32"): "one format; asked for f16 and f32"}  # fmt: skip
+    for (k, v), match in refused.items():
+        types = KvTypes.parse(k, v)
+        rt = FakeRuntime()
+        with pytest.raises(UnsupportedModelError, match=match):
+            HipRunner(spec, gguf, kernels, runtime=rt, kv_types=types)
+        assert not rt.live and rt.uploads == 0
+    rt = FakeRuntime()
+    runner = HipRunner(spec, gguf, kernels, runtime=rt, kv_types=KvTypes.parse("f32", "auto"))
+    runner.allocate_kv(4, 16)
+    assert runner.kv.format is KvFormat.F32  # asked for, on a model that defaults to f16
+    runner.close()

@@ -13,6 +13,7 @@ import numpy as np
 
 from forge.models.spec import DenseFFN, LayerSpec, ModelSpec
 from forge_cpu_simd import ops
+from forge_cpu_simd.kv_store import KvArray, query_rounding
 from forge_cpu_simd.loading import WeightLoader
 
 
@@ -50,7 +51,8 @@ class AttentionBlock:
         self.wo = load.linear([prefix + "attn_output.weight"])
         self.post_norm = load.vector(prefix + "post_attention_norm.weight") if a.post_norm else None
 
-    def __call__(self, x, kc, vc, step: Step, queries: list[np.ndarray]) -> np.ndarray:
+    def __call__(self, x, kc: KvArray, vc: KvArray, step: Step,
+                 queries: list[np.ndarray]) -> np.ndarray:  # fmt: skip
         """The residual stream of the rows in `queries` after attention; K/V of every row of x
         are stored into this layer's cache kc, vc first."""
         s, n = self.spec, x.shape[0]
@@ -65,11 +67,14 @@ class AttentionBlock:
         cos, sin = step.rope_tables(s, self.layer)
         self.ops.rope(q, cos, sin, s.rope_neox)
         self.ops.rope(k, cos, sin, s.rope_neox)
-        kc[step.slots] = k
-        vc[step.slots] = v
+        kc.write(step.slots, k)
+        vc.write(step.slots, v)
         kept = np.concatenate(queries).astype(np.int64)
         if kept.size == 0:
             return x[:0]
+        rounding = query_rounding(kc.fmt)  # as llama.cpp's attention over that K format
+        if rounding is not None:
+            q = rounding(q.reshape(n * s.n_head, s.head_dim)).reshape(q.shape)
         attn = self._attend(q, kc, vc, step, queries)  # [kept, H, Dv]
         o = self.wo(attn.reshape(kept.size, -1))
         if self.post_norm is not None:
@@ -95,14 +100,14 @@ class AttentionBlock:
                 step.keys[key] = _padded_keys(step.past, queries, step.pos, singles, window)
             rows, past_slots, valid = step.keys[key]
             attn[starts[singles]] = self.ops.decode_attention(
-                q[rows], kc, vc, past_slots, valid, s.attn_scale
+                q[rows], kc.read(past_slots), vc.read(past_slots), valid, s.attn_scale
             )
         single = set(singles)
         for i, (seq_past, sel) in enumerate(zip(step.past, queries)):
             if sel.size == 0 or i in single:
                 continue
             attn[starts[i] : starts[i + 1]] = self.ops.attention(
-                q[sel], kc[seq_past], vc[seq_past], step.pos[sel], s.attn_scale, window
+                q[sel], kc.read(seq_past), vc.read(seq_past), step.pos[sel], s.attn_scale, window
             )
         return attn
 

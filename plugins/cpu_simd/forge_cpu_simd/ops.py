@@ -91,25 +91,20 @@ def attention(
 
 
 def decode_attention(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    past: np.ndarray,
-    valid: np.ndarray,
-    scale: float,
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, valid: np.ndarray, scale: float
 ) -> np.ndarray:
     """Attention of one query row per sequence, several sequences in one set of products.
 
-    q [S, H, D]; k_cache [slots, Hkv, D] and v_cache [slots, Hkv, Dv] are the paged caches;
-    past [S, T] holds each sequence's cache slots of the keys its query sees (causal and window
-    limits already applied), padded on the right, and valid [S, T] marks the real ones.
-    Returns [S, H, Dv], what `attention` gives each sequence alone up to float rounding.
+    q [S, H, D]; k [S, T, Hkv, D] and v [S, T, Hkv, Dv] are the keys and values each
+    sequence's query sees (causal and window limits already applied), padded on the right, and
+    valid [S, T] marks the real ones. Returns [S, H, Dv], what `attention` gives each sequence
+    alone up to float rounding.
     """
     n_seq, n_head, d = q.shape
-    n_kv = k_cache.shape[1]
+    n_kv = k.shape[2]
     group = n_head // n_kv
-    k = np.take(k_cache, past, axis=0).transpose(0, 2, 3, 1)  # [S, Hkv, D, T]
-    v = np.take(v_cache, past, axis=0).transpose(0, 2, 1, 3)  # [S, Hkv, T, Dv]
+    k = k.transpose(0, 2, 3, 1)  # [S, Hkv, D, T]
+    v = v.transpose(0, 2, 1, 3)  # [S, Hkv, T, Dv]
     scores = np.matmul(q.reshape(n_seq, n_kv, group, d), k)
     scores *= np.float32(scale)
     np.copyto(scores, -np.inf, where=~valid[:, None, None, :])

@@ -12,8 +12,10 @@ rows first:
 - "rope": (x [tokens, heads, head_dim], cos, sin, neox) rotates x in place (`ops.rope_tables`).
 - "attention": (q [n, H, D], k [T, Hkv, D], v [T, Hkv, Dv], q_pos, scale, window) -> [n, H, Dv],
   one sequence, causal (and sliding-window).
-- "decode_attention": (q [S, H, D], k_cache, v_cache, past [S, T] slots, valid [S, T] mask,
-  scale) -> [S, H, Dv]: one query row per sequence over the paged cache.
+- "decode_attention": (q [S, H, D], k [S, T, Hkv, D], v [S, T, Hkv, Dv], valid [S, T] mask,
+  scale) -> [S, H, Dv]: one query row per sequence, each over the keys it sees (padded).
+  Attention ops get K and V as float32, read from the cache in its format
+  (`forge_cpu_simd.kv_store`).
 - "silu", "gelu_tanh": the gate activations, elementwise.
 `forge_cpu_simd.ops` and `forge_cpu_simd.matmul` hold the built-in ones.
 """
@@ -30,6 +32,7 @@ from forge.backend import Backend, Runner
 from forge.devices import BackendProbe, DeviceInfo
 from forge.errors import ForgeRuntimeError
 from forge.gguf.types import SUPPORTED_TYPES
+from forge.kv_cache import KvFormat, KvTypes
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
 
@@ -123,17 +126,23 @@ class CpuSimdBackend(Backend):
         device: int = 0,
         progress: Any = None,
         n_ctx: int | None = None,
+        kv_types: KvTypes | None = None,
     ) -> Runner:
         from forge_cpu_simd.runner import CpuRunner
 
         if device != 0:
             raise ForgeRuntimeError(f"cpu_simd has one device (0), not {device}")
-        return CpuRunner(spec, gguf, kernels, progress=progress)
+        formats = (kv_types or KvTypes()).resolve(KvFormat.F32)
+        return CpuRunner(spec, gguf, kernels, progress=progress, kv_formats=formats)
 
-    def memory_needed(self, spec: Any, gguf: Any, n_ctx: int) -> dict[str, int]:
+    def memory_needed(
+        self, spec: Any, gguf: Any, n_ctx: int, kv_types: KvTypes | None = None
+    ) -> dict[str, int]:
         from forge_cpu_simd.loading import weight_bytes
 
-        return {"weights": weight_bytes(spec, gguf), "kv_cache": n_ctx * spec.kv_bytes_per_token()}
+        k, v = (kv_types or KvTypes()).resolve(KvFormat.F32)
+        kv = n_ctx * spec.kv_bytes_per_token(k, v)
+        return {"weights": weight_bytes(spec, gguf), "kv_cache": kv}
 
 
 @forge.hookimpl

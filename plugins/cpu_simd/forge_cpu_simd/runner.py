@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from forge.backend import Runner, SeqBatch
-from forge.errors import ContextOverflowError, ForgeRuntimeError
+from forge.errors import ContextOverflowError, ForgeRuntimeError, UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
+from forge.kv_cache import KvFormat
 from forge.models.spec import ModelSpec
 from forge_cpu_simd.blocks import FFN_BLOCKS, AttentionBlock, Step
+from forge_cpu_simd.kv_store import KvArray
 from forge_cpu_simd.loading import BACKEND, WeightLoader
 from forge_cpu_simd.matmul import embedding_rows
 from forge_cpu_simd.plugin import ELEMENTWISE_OPS
@@ -30,8 +32,18 @@ class _Ops:
 
 
 class CpuRunner(Runner):
-    def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None):
+    def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None,
+                 kv_formats: tuple[KvFormat, KvFormat] = (KvFormat.F32, KvFormat.F32)):  # fmt: skip
+        """`kv_formats`: how the cache stores K and V (float32 by default: llama.cpp's golden
+        references were made with a float32 cache)."""
         self.spec, self.gguf, self.kernels = spec, gguf, kernels
+        self.kv_formats = kv_formats
+        for fmt, dim in zip(kv_formats, (spec.head_dim, spec.head_dim_v)):
+            if dim % fmt.block:  # refused before any weight loads
+                raise UnsupportedModelError(
+                    f"a {fmt.value} KV cache needs head sizes that are multiples of "
+                    f"{fmt.block}; this model's are {dim}"
+                )
         self.ops = _Ops(kernels)
         load = WeightLoader(gguf, kernels)
         ffn_block = FFN_BLOCKS[type(spec.ffn)]
@@ -48,25 +60,17 @@ class CpuRunner(Runner):
         if progress:
             progress(total, total)
         self.embd_info = gguf.tensors["token_embd.weight"]
-        self.k_cache: list[np.ndarray] = []
-        self.v_cache: list[np.ndarray] = []
+        self.k_cache: list[KvArray] = []
+        self.v_cache: list[KvArray] = []
         self.block_size = 0
 
     # -- cache ----------------------------------------------------------------------------------
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
         s, slots = self.spec, n_blocks * block_size
-        try:
-            self.k_cache = [
-                np.zeros((slots, s.n_head_kv, s.head_dim), np.float32) for _ in range(s.n_layer)
-            ]
-            self.v_cache = [
-                np.zeros((slots, s.n_head_kv, s.head_dim_v), np.float32) for _ in range(s.n_layer)
-            ]
-        except MemoryError:
-            from forge.errors import OutOfMemoryError
-
-            need = slots * s.kv_bytes_per_token()
-            raise OutOfMemoryError(f"cannot allocate a {need / 2**20:.0f} MiB KV cache") from None
+        fk, fv = self.kv_formats
+        self.k_cache, self.v_cache = [], []  # the old cache goes first
+        self.k_cache = [KvArray(fk, slots, s.n_head_kv, s.head_dim) for _ in range(s.n_layer)]
+        self.v_cache = [KvArray(fv, slots, s.n_head_kv, s.head_dim_v) for _ in range(s.n_layer)]
         self.block_size = block_size
 
     def _slots(self, b: SeqBatch, lo: int, hi: int) -> np.ndarray:
@@ -134,5 +138,5 @@ class CpuRunner(Runner):
 
     def memory_estimate(self) -> dict[str, int]:
         weights = sum(a.nbytes + f.nbytes for a, f in self.blocks) + self.output.nbytes
-        kv = sum(a.nbytes for a in self.k_cache + self.v_cache)
+        kv = sum(a.nbytes for a in self.k_cache + self.v_cache)  # as stored
         return {"weights": weights, "kv_cache": kv}

@@ -12,6 +12,7 @@ from forge_hip.probe import probe_amd, probe_nvidia
 if TYPE_CHECKING:
     from forge.gguf import GGUFFile
     from forge.kernels import KernelTable
+    from forge.kv_cache import KvTypes
     from forge.models.spec import ModelSpec
 
 GPU_SCORE = 100  # above cpu_simd's 10: a usable GPU always wins `backend = "auto"`
@@ -53,14 +54,18 @@ class HipBackend(Backend):
         device: int = 0,
         progress: Callable[[int, int], None] | None = None,
         n_ctx: int | None = None,
+        kv_types: KvTypes | None = None,
     ) -> Runner:
         """Place the model on GPU `device` (raises OutOfMemoryError with the numbers, having
         freed what it took, when it does not fit)."""
         from forge_hip.runner import HipRunner
 
-        return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx)
+        return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx,
+                         kv_types=kv_types)  # fmt: skip
 
-    def memory_needed(self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
+    def memory_needed(
+        self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
+    ) -> dict[str, int]:
         from forge_hip.capacity import memory_needed
 
-        return memory_needed(spec, gguf, n_ctx)
+        return memory_needed(spec, gguf, n_ctx, kv_types)

@@ -7,7 +7,7 @@ import os
 
 from forge.errors import UnsupportedModelError
 from forge.gguf import GGUFFile
-from forge.kv_cache import KvFormat
+from forge.kv_cache import KvFormat, KvTypes
 from forge.models.spec import DenseFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
@@ -19,21 +19,40 @@ MAX_HEAD_DIM = constants()["LAYER_MAX_D"]
 MAX_EMBD = 1024 * constants()["AN_PER"]  # add_norm holds a row in one block's registers
 
 
-def kv_format(spec: ModelSpec, gguf: GGUFFile) -> KvFormat:
-    """float16 KV unless every matrix is F32 (their golden bounds are below f16 rounding);
-    $FORGE_HIP_KV ("f16" or "f32") overrides."""
+KV_FORMATS = (KvFormat.F16, KvFormat.F32)  # what the attention kernels read and write
+
+
+def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) -> KvFormat:
+    """The cache's format: the one asked for (`kv_types`: K and V alike, one of them naming
+    both), else float16 unless
+    every matrix is F32 (their golden bounds are below f16 rounding); $FORGE_HIP_KV ("f16" or
+    "f32") overrides that default. UnsupportedModelError for formats the kernels do not take."""
     forced = os.environ.get("FORGE_HIP_KV", "").lower()
     if forced in ("f16", "f32"):
-        return KvFormat(forced)
-    matrices = [n for n, w in model_weights(spec).items() if w.kind == "matrix"]
-    return KvFormat.F16 if any(gguf.tensors[n].type != "F32" for n in matrices) else KvFormat.F32
+        default = KvFormat(forced)
+    else:
+        matrices = [n for n, w in model_weights(spec).items() if w.kind == "matrix"]
+        f32 = all(gguf.tensors[n].type == "F32" for n in matrices)
+        default = KvFormat.F32 if f32 else KvFormat.F16
+    types = kv_types or KvTypes()
+    k, v = types.k or types.v or default, types.v or types.k or default  # one given: both
+    if k is not v:
+        raise UnsupportedModelError(
+            f"hip stores K and V in one format; asked for {k.value} and {v.value}"
+        )
+    if k not in KV_FORMATS:
+        names = ", ".join(f.value for f in KV_FORMATS)
+        raise UnsupportedModelError(f"hip's attention reads {names} KV caches, not {k.value}")
+    return k
 
 
-def memory_needed(spec: ModelSpec, gguf: GGUFFile, n_ctx: int) -> dict[str, int]:
+def memory_needed(
+    spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
+) -> dict[str, int]:
     """Device bytes for weights, an `n_ctx` KV cache and the workspace."""
     return {
         "weights": layout(spec, gguf)[1],
-        "kv_cache": kv_bytes(spec, n_ctx, kv_format(spec, gguf)),
+        "kv_cache": kv_bytes(spec, n_ctx, kv_format(spec, gguf, kv_types)),
         "workspace": workspace_bytes(spec),
     }
 

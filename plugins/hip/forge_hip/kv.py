@@ -19,8 +19,8 @@ KV_FORMAT_IDS = {KvFormat.F32: constants()["KV_F32"], KvFormat.F16: constants()[
 
 
 def kv_bytes(spec: ModelSpec, n_slots: int, fmt: KvFormat) -> int:
-    per_layer = align(n_slots * spec.n_head_kv * spec.head_dim * fmt.bytes_per_value)
-    per_layer += align(n_slots * spec.n_head_kv * spec.head_dim_v * fmt.bytes_per_value)
+    per_layer = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim))
+    per_layer += align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim_v))
     return spec.n_layer * per_layer
 
 
@@ -34,9 +34,8 @@ class KvCache:
         self.nbytes = kv_bytes(spec, n_slots, fmt)
         preflight(rt, {"kv_cache": self.nbytes})
         self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
-        elem = fmt.bytes_per_value
-        k_size = align(n_slots * spec.n_head_kv * spec.head_dim * elem)
-        v_size = align(n_slots * spec.n_head_kv * spec.head_dim_v * elem)
+        k_size = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim))
+        v_size = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim_v))
         base = self.buffer.ptr
         self._layers = [
             (base + i * (k_size + v_size), base + i * (k_size + v_size) + k_size)

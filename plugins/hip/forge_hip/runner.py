@@ -23,6 +23,7 @@ from forge.backend import Placement, Runner, SeqBatch
 from forge.errors import ForgeRuntimeError
 from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
+from forge.kv_cache import KvTypes
 from forge.models.spec import ModelSpec
 from forge_hip.arena import WeightArena, preflight
 from forge_hip.capacity import check_spec, kv_format, memory_needed
@@ -57,10 +58,12 @@ class HipRunner(Runner):
         progress: Callable[[int, int], None] | None = None,
         n_ctx: int | None = None,
         runtime=None,  # noqa: ANN001 - a forge_hip Runtime to share (tests); None opens one
+        kv_types: KvTypes | None = None,
     ):
         from forge_hip.runtime import open_runtime
 
         check_spec(spec)
+        self.kv_format = kv_format(spec, gguf, kv_types)  # refused before a device is opened
         self.spec = spec
         self.arena = self.ws = self.kv = self.meta = self.picked = self.masks = None
         self.steps = Steps()
@@ -68,10 +71,9 @@ class HipRunner(Runner):
         self.rt = runtime or open_runtime(None, device)
         self._placement = Placement.single(spec, device, self.rt.props.name)
         try:
-            self.kv_format = kv_format(spec, gguf)
             ctx = min(n_ctx or DEFAULT_CTX, spec.n_ctx_train)
             self.tune = load_tuning(self.rt.props.arch)
-            preflight(self.rt, memory_needed(spec, gguf, ctx))
+            preflight(self.rt, memory_needed(spec, gguf, ctx, kv_types))
             self.lib = KernelLibrary(self.rt)
             self.arena = WeightArena(self.rt, spec, gguf, progress)
             self.ws = Workspace(self.rt, spec, self.tune)
