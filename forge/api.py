@@ -20,7 +20,8 @@ from forge.backend import Runner, SeqBatch, kv_type_args
 from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
-from forge.kv_cache import BlockAllocator, BlockTable, KvTypes
+from forge.kv_cache import KvTypes
+from forge.kv_pools import KvPools
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
 from forge.scheduler import PREFILL_CHUNK, Finished, Scheduler
@@ -65,14 +66,24 @@ class Model:
         samplers: Any = None,
         sampling_defaults: dict[str, Any] | None = None,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_seqs: int = 1,
     ):
+        """`max_seqs`: sequences the cache is planned for at once (a sliding window's pool
+        holds that many windows, where the runner keeps windowed layers apart)."""
         self.path, self.gguf, self.spec = path, gguf, spec
         self.max_tokens = max_tokens  # the default when a call does not say (-1: no limit)
         self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
         self.n_ctx, self.samplers = n_ctx, samplers
         self.sampling_defaults = dict(sampling_defaults or {})
-        self.allocator = BlockAllocator(-(-n_ctx // BLOCK_SIZE), BLOCK_SIZE)
-        runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE)
+        windows = ()
+        if getattr(runner, "windowed_kv", False):
+            windows = {w for w in (ls.sliding_window for ls in spec.layers) if w and w < n_ctx}
+        self.kv = KvPools(n_ctx, BLOCK_SIZE, tuple(windows), max_seqs, PREFILL_CHUNK)
+        self.allocator = self.kv.full  # the pool of the layers that see every position
+        if self.kv.windows:
+            runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE, self.kv.window_blocks())
+        else:
+            runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE)
         self.last_timings: dict[str, float] = {}
 
     @property
@@ -110,13 +121,15 @@ class Model:
     def logits(self, ids: list[int]) -> np.ndarray:
         """Logits [len(ids), n_vocab] float32 of one forward pass from an empty cache."""
         ids = self._check_ids(ids)
-        table = BlockTable(self.allocator, self.n_ctx)
+        table = self.kv.table()
         try:
-            table.ensure(len(ids))
             rows = []
             for lo in range(0, len(ids), PREFILL_CHUNK):
                 chunk = ids[lo : lo + PREFILL_CHUNK]
-                rows.append(self.runner.forward([SeqBatch(chunk, lo, table.array(), "all")])[0])
+                table.trim(lo)
+                table.ensure(lo + len(chunk))
+                batch = SeqBatch(chunk, lo, table.array(), "all", table.window_arrays())
+                rows.append(self.runner.forward([batch])[0])
             return np.concatenate(rows).astype(np.float32, copy=False)
         finally:
             table.release()
@@ -383,6 +396,7 @@ def _model(path: str, gguf: GGUFFile, spec: ModelSpec, tokenizer: Tokenizer, con
         samplers=pm.samplers,
         sampling_defaults=config.sampling.model_dump(exclude_none=True),
         max_tokens=config.max_tokens,
+        max_seqs=config.server.max_batch,
     )
 
 

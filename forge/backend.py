@@ -12,7 +12,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -39,6 +39,9 @@ class SeqBatch:
     start: int  # position of tokens[0]; equals how many tokens this sequence already cached
     block_table: np.ndarray  # int32 [n_blocks_used]
     output: Literal["last", "all", "none"] = "last"  # which rows of logits to return
+    # with `Runner.windowed_kv`: per sliding window (ascending), the sequence's blocks in that
+    # window's pool, -1 for blocks that left the window
+    window_tables: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,10 +182,15 @@ class Runner(ABC):
     # True when `start_sample` takes `feed`: a sequence's next token straight from the ids the
     # previous started step picked, before they are read (the engine then runs one step ahead).
     feeds_picks: ClassVar[bool] = False
+    # True when sliding-window layers keep a cache of their own: `allocate_kv` takes
+    # `window_blocks` and passes read `SeqBatch.window_tables` for those layers.
+    windowed_kv: ClassVar[bool] = False
 
     @abstractmethod
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
-        """Allocate KV storage for `n_blocks` blocks of `block_size` positions for every layer."""
+        """Allocate KV storage for `n_blocks` blocks of `block_size` positions for every layer
+        (a `windowed_kv` runner also takes `window_blocks`: {window: blocks} of the pools its
+        layers of that sliding window use instead)."""
 
     @abstractmethod
     def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
@@ -195,7 +203,7 @@ class Runner(ABC):
     def forward_argmax(self, batch: list[SeqBatch]) -> list[int]:
         """Greedy shortcut: the argmax token of each sequence's last row. Backends that can
         pick on the device override this so that no logits row is copied to the host."""
-        rows = self.forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch])
+        rows = self.forward([replace(b, output="last") for b in batch])
         return [int(np.argmax(r[-1])) for r in rows if r is not None]
 
     def forward_sample(
@@ -205,8 +213,7 @@ class Runner(ABC):
         (its last row; None entries produce no row and get None). This default computes the
         logits and picks on the host (`sample_host`); backends with `samples_on_device`
         override it so that only token ids leave the device."""
-        rows = self.forward([SeqBatch(b.tokens, b.start, b.block_table,
-                                      "last" if p is not None else "none")
+        rows = self.forward([replace(b, output="last" if p is not None else "none")
                              for b, p in zip(batch, picks)])  # fmt: skip
         return [None if p is None else sample_host(r[-1], p) for r, p in zip(rows, picks)]
 

@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from forge.backend import SeqBatch
-from forge.kv_cache import BlockTable
 
 
 @dataclass
@@ -35,10 +34,10 @@ def bench_prefill(model, n_tokens: int, reps: int) -> BenchResult:
     ids = _prompt(model, n_tokens)
     times = []
     for _ in range(reps + 1):  # the first run warms caches and thread pools
-        table = BlockTable(model.allocator, model.n_ctx)
+        table = model.kv.table()
         table.ensure(n_tokens)
         t = time.perf_counter()
-        model.runner.forward([SeqBatch(ids, 0, table.array(), "last")])
+        model.runner.forward([SeqBatch(ids, 0, table.array(), "last", table.window_arrays())])
         times.append(time.perf_counter() - t)
         table.release()
     return _result(f"pp{n_tokens}", n_tokens, times[1:])
@@ -49,13 +48,14 @@ def bench_decode(model, n_tokens: int, reps: int, context: int = 16) -> BenchRes
     ids = _prompt(model, context)
     times = []
     for _ in range(reps + 1):
-        table = BlockTable(model.allocator, model.n_ctx)
+        table = model.kv.table()
         table.ensure(context + n_tokens)
-        model.runner.forward([SeqBatch(ids, 0, table.array(), "none")])
+        model.runner.forward([SeqBatch(ids, 0, table.array(), "none", table.window_arrays())])
         token, pos = int(ids[-1]), context
         t = time.perf_counter()
         for _ in range(n_tokens):
-            batch = [SeqBatch(np.array([token], np.int32), pos, table.array())]
+            batch = [SeqBatch(np.array([token], np.int32), pos, table.array(), "last",
+                              table.window_arrays())]  # fmt: skip
             token = model.runner.forward_argmax(batch)[0]
             pos += 1
         times.append(time.perf_counter() - t)

@@ -117,6 +117,12 @@ class BlockTable:
         self._array: np.ndarray | None = None  # `blocks` as int32, rebuilt when they change
         self._room = 0  # positions the blocks hold (at most max_positions)
 
+    def blocks_missing(self, n_positions: int) -> int:
+        """Blocks `ensure(n_positions)` would take from the pool."""
+        if n_positions <= self._room:
+            return 0
+        return max(0, self.allocator.blocks_for(n_positions) - len(self.blocks))
+
     def ensure(self, n_positions: int) -> None:
         """Make room for positions 0 .. n_positions-1 (allocating blocks as needed)."""
         if n_positions <= self._room:  # (every decode step of every sequence asks)

@@ -42,7 +42,7 @@ import numpy as np
 from forge.backend import DeviceSampling, SeqBatch
 from forge.errors import ForgeError, ForgeRuntimeError, OutOfMemoryError
 from forge.generation import SequenceState, TokenEvent
-from forge.kv_cache import BlockTable
+from forge.kv_pools import SeqBlocks
 
 log = logging.getLogger("forge.scheduler")
 
@@ -83,7 +83,7 @@ class _Request:
     id: int
     state: SequenceState
     on_event: Callback
-    table: BlockTable | None = None
+    table: SeqBlocks | None = None
     cached: int = 0  # positions already in the KV cache
     pending: list[int] = field(default_factory=list)  # tokens to feed next
     picked: int | None = None  # a token the runner picked that the state has not taken yet
@@ -179,7 +179,7 @@ class Scheduler:
         return {
             "waiting": len(self._waiting),
             "running": len(self._running),
-            "kv_usage": self.model.allocator.usage,
+            "kv_usage": self.model.kv.usage,
             "steps": self.steps,
             "prompt_steps": self.prompt_steps,
             "preemptions": self.preemptions,
@@ -283,14 +283,14 @@ class Scheduler:
             self._finish(request, "cancelled")
 
     def _admit(self) -> None:
-        alloc = self.model.allocator
+        kv = self.model.kv
         while self._waiting and len(self._running) < self.max_batch:
             request = self._waiting[0]
             # room for the whole prompt (+1 for its first token), so prefill is not preempted
-            if alloc.blocks_for(len(request.pending) + 1) > alloc.n_free and self._running:
+            if not kv.can_admit(len(request.pending) + 1) and self._running:
                 return
             self._waiting.popleft()
-            request.table = BlockTable(alloc, self.model.n_ctx)
+            request.table = kv.table()
             self._running.append(request)
 
     def _advance(self, started: _Started | None) -> _Started | None:
@@ -364,7 +364,8 @@ class Scheduler:
                 del request.pending[:n]
                 feed.append(-1)
             batch.append(SeqBatch(tokens, request.cached, request.table.array(),
-                                  "last" if i in out_rows else "none"))  # fmt: skip
+                                  "last" if i in out_rows else "none",
+                                  request.table.window_arrays()))  # fmt: skip
             request.cached += n
         self.steps += 1
         self.prompt_steps += any(n > 1 for _, n in plan)
@@ -400,6 +401,9 @@ class Scheduler:
                     continue
                 n = min(n, budget)
                 budget -= n
+            # window blocks behind every query still to run (a step in flight queries the
+            # position before `cached`) go back first
+            request.table.trim(request.cached - 1)
             if not preempt:
                 try:
                     request.table.ensure(request.cached + n)

@@ -23,8 +23,10 @@ class Step:
     each sequence's cache slots of positions 0 .. its last, and per-pass memos."""
 
     pos: np.ndarray  # int64 [rows]: position of each new row
-    slots: np.ndarray  # int64 [rows]: cache slot each new row's K/V goes to
-    past: list[np.ndarray]  # per sequence: cache slots of its positions 0 .. last new one
+    # per cache pool (None: the full layers', else a sliding window's), the cache slot each new
+    # row's K/V goes to (int64 [rows]), and per sequence the slots of its positions 0 .. last
+    slots: dict[int | None, np.ndarray]
+    past: dict[int | None, list[np.ndarray]]
     every_row: list[np.ndarray]  # per sequence: its rows of the pass
     rope: dict = field(default_factory=dict)  # (base, scale) -> (cos, sin) [rows, rope_dim/2]
     keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
@@ -42,6 +44,7 @@ class AttentionBlock:
     def __init__(self, spec: ModelSpec, layer: LayerSpec, load: WeightLoader, prefix: str, ops_):
         a = spec.attention
         self.spec, self.layer, self.ops = spec, layer, ops_
+        self.pool: int | None = None  # its cache's pool (the runner's allocate_kv sets it)
         self.norm = load.vector(prefix + "attn_norm.weight")
         self.qkv = load.linear([prefix + f"attn_{x}.weight" for x in "qkv"],
                                [prefix + f"attn_{x}.bias" for x in "qkv"] if a.qkv_bias
@@ -67,8 +70,8 @@ class AttentionBlock:
         cos, sin = step.rope_tables(s, self.layer)
         self.ops.rope(q, cos, sin, s.rope_neox)
         self.ops.rope(k, cos, sin, s.rope_neox)
-        kc.write(step.slots, k)
-        vc.write(step.slots, v)
+        kc.write(step.slots[self.pool], k)
+        vc.write(step.slots[self.pool], v)
         kept = np.concatenate(queries).astype(np.int64)
         if kept.size == 0:
             return x[:0]
@@ -88,6 +91,7 @@ class AttentionBlock:
         `decode_attention` together: one set of products instead of one per sequence.
         """
         s, window = self.spec, self.layer.sliding_window
+        past = step.past[self.pool]
         sizes = [sel.size for sel in queries]
         starts = np.cumsum([0] + sizes)
         attn = np.empty((starts[-1], s.n_head, s.head_dim_v), np.float32)
@@ -95,15 +99,15 @@ class AttentionBlock:
         if len(singles) < 2:
             singles = []
         if singles:
-            key = (window, tuple(singles))
+            key = (self.pool, window, tuple(singles))
             if key not in step.keys:
-                step.keys[key] = _padded_keys(step.past, queries, step.pos, singles, window)
+                step.keys[key] = _padded_keys(past, queries, step.pos, singles, window)
             rows, past_slots, valid = step.keys[key]
             attn[starts[singles]] = self.ops.decode_attention(
                 q[rows], kc.read(past_slots), vc.read(past_slots), valid, s.attn_scale
             )
         single = set(singles)
-        for i, (seq_past, sel) in enumerate(zip(step.past, queries)):
+        for i, (seq_past, sel) in enumerate(zip(past, queries)):
             if sel.size == 0 or i in single:
                 continue
             attn[starts[i] : starts[i + 1]] = self.ops.attention(

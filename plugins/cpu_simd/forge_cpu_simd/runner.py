@@ -32,6 +32,8 @@ class _Ops:
 
 
 class CpuRunner(Runner):
+    windowed_kv = True  # sliding-window layers cache only their windows (SeqBatch.window_tables)
+
     def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None,
                  kv_formats: tuple[KvFormat, KvFormat] = (KvFormat.F32, KvFormat.F32)):  # fmt: skip
         """`kv_formats`: how the cache stores K and V (float32 by default: llama.cpp's golden
@@ -63,24 +65,44 @@ class CpuRunner(Runner):
         self.k_cache: list[KvArray] = []
         self.v_cache: list[KvArray] = []
         self.block_size = 0
+        self.windows: tuple[int, ...] = ()  # the windows whose layers have pools of their own
 
     # -- cache ----------------------------------------------------------------------------------
-    def allocate_kv(self, n_blocks: int, block_size: int) -> None:
-        s, slots = self.spec, n_blocks * block_size
-        fk, fv = self.kv_formats
+    def allocate_kv(
+        self, n_blocks: int, block_size: int, window_blocks: dict[int, int] | None = None
+    ) -> None:
+        """A cache of `n_blocks` blocks for every layer, but those of a sliding window in
+        `window_blocks`, which get that many blocks (their pool's)."""
+        s, (fk, fv) = self.spec, self.kv_formats
+        window_blocks = window_blocks or {}
         self.k_cache, self.v_cache = [], []  # the old cache goes first
-        self.k_cache = [KvArray(fk, slots, s.n_head_kv, s.head_dim) for _ in range(s.n_layer)]
-        self.v_cache = [KvArray(fv, slots, s.n_head_kv, s.head_dim_v) for _ in range(s.n_layer)]
-        self.block_size = block_size
+        for layer in s.layers:
+            slots = window_blocks.get(layer.sliding_window, n_blocks) * block_size
+            self.k_cache.append(KvArray(fk, slots, s.n_head_kv, s.head_dim))
+            self.v_cache.append(KvArray(fv, slots, s.n_head_kv, s.head_dim_v))
+        self.block_size, self.windows = block_size, tuple(sorted(window_blocks))
+        for block in self.blocks:
+            w = block[0].layer.sliding_window
+            block[0].pool = w if w in window_blocks else None
 
-    def _slots(self, b: SeqBatch, lo: int, hi: int) -> np.ndarray:
+    def _slots(self, table: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Cache slots of positions lo .. hi - 1 through a block table (blocks that left a
+        window's pool, -1 there, give slot 0: never read, the window masks them)."""
         pos = np.arange(lo, hi)
-        blocks = pos // self.block_size
-        if len(b.block_table) <= (hi - 1) // self.block_size:
+        if len(table) <= (hi - 1) // self.block_size:
             raise ContextOverflowError(
-                f"sequence position {hi - 1} has no KV block (block table of {len(b.block_table)})"
+                f"sequence position {hi - 1} has no KV block (block table of {len(table)})"
             )
-        return b.block_table[blocks].astype(np.int64) * self.block_size + pos % self.block_size
+        blocks = table[pos // self.block_size].astype(np.int64)
+        return np.where(blocks >= 0, blocks * self.block_size + pos % self.block_size, 0)
+
+    def _tables(self, b: SeqBatch) -> dict[int | None, np.ndarray]:
+        """The block table of each pool for one sequence: None for the full layers."""
+        if len(b.window_tables) != len(self.windows):
+            raise ForgeRuntimeError(
+                f"{len(b.window_tables)} window tables for {len(self.windows)} window pools"
+            )
+        return {None: b.block_table, **dict(zip(self.windows, b.window_tables))}
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
@@ -91,14 +113,16 @@ class CpuRunner(Runner):
         if ids.size and (ids.min() < 0 or ids.max() >= s.n_vocab):
             raise ForgeRuntimeError(f"token id out of range 0..{s.n_vocab - 1}")
         bounds = np.cumsum([0] + [len(b.tokens) for b in batch])
+        tables = [self._tables(b) for b in batch]
+        ends = [b.start + len(b.tokens) for b in batch]
+        pools = [None, *self.windows]
         step = Step(
-            pos=np.concatenate([np.arange(b.start, b.start + len(b.tokens)) for b in batch]),
-            slots=np.concatenate(
-                [self._slots(b, b.start, b.start + len(b.tokens)) for b in batch]
-            ),  # fmt: skip
-            past=[self._slots(b, 0, b.start + len(b.tokens)) for b in batch],
+            pos=np.concatenate([np.arange(b.start, e) for b, e in zip(batch, ends)]),
+            slots={p: np.concatenate([self._slots(t[p], b.start, e)
+                                      for t, b, e in zip(tables, batch, ends)]) for p in pools},
+            past={p: [self._slots(t[p], 0, e) for t, e in zip(tables, ends)] for p in pools},
             every_row=[np.arange(lo, hi) for lo, hi in zip(bounds, bounds[1:])],
-        )
+        )  # fmt: skip
         x = embedding_rows(self.gguf.raw("token_embd.weight"), self.embd_info, ids)
         if s.embed_scale != 1.0:
             x *= np.float32(s.embed_scale)
