@@ -233,7 +233,16 @@ class Scheduler:
                         return
                 self._drop_cancelled()
                 self._admit()
+                preempted = self.preemptions
                 started = self._advance(started)
+                if self.preemptions > preempted and not self._running:
+                    # its only sequence: the blocks it lacks are held by others (another
+                    # generator of the same model), and waiting would never end
+                    raise OutOfMemoryError(
+                        "the KV cache has no room for this sequence while other sequences of "
+                        "the model hold it; raise n_ctx (or server.max_batch, which sizes the "
+                        "sliding-window pools)"
+                    )
         finally:
             if not handle.done:
                 handle.cancel()

@@ -119,3 +119,15 @@ def test_scheduled_sequences_keep_only_their_windows(long_gemma, monkeypatch):
         assert len(done) == 4 and all(f.completion_tokens == 120 for f in done)
         assert 0 < peak[0] <= 4 * 3  # 8 positions and the step in flight: at most 3 blocks each
         assert pool.n_free == pool.n_blocks
+
+
+def test_a_generator_that_cannot_get_blocks_says_so(long_gemma, monkeypatch):
+    """Generators of one model share its pools: one that finds them held by the others fails
+    with a clear error instead of waiting for ever."""
+    with _load(long_gemma, monkeypatch, True, n_ctx=64, config={"server": {"max_batch": 1}}) as m:
+        first = m.generate([5] * 40, max_tokens=20, temperature=0)
+        next(first)  # holds 40+ of the 64 positions
+        with pytest.raises(OutOfMemoryError, match="no room for this sequence"):
+            list(m.generate([6] * 40, max_tokens=20, temperature=0))
+        first.close()
+        assert m.allocator.n_free == m.allocator.n_blocks  # both gave their blocks back
