@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from forge.backend import SeqBatch
+from forge.scheduler import PREFILL_CHUNK
 
 
 @dataclass
@@ -29,38 +30,56 @@ def _prompt(model, n: int, seed: int = 0) -> np.ndarray:
     return rng.integers(10, model.n_vocab, size=n).astype(np.int32)
 
 
-def bench_prefill(model, n_tokens: int, reps: int) -> BenchResult:
-    """Time one forward pass over `n_tokens` prompt tokens (only the last row's logits)."""
-    ids = _prompt(model, n_tokens)
+def _prefill(model, table, ids: np.ndarray, start: int, output: str = "none"):
+    """Feed `ids` at positions start.. in prefill chunks, as the engine runs a prompt (window
+    blocks the next chunk no longer reads go back first); the last chunk's result."""
+    out = None
+    for lo in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[lo : lo + PREFILL_CHUNK]
+        table.trim(start + lo)
+        table.ensure(start + lo + len(chunk))
+        last = output if lo + len(chunk) == len(ids) else "none"
+        batch = SeqBatch(chunk, start + lo, table.array(), last, table.window_arrays())
+        out = model.runner.forward([batch])[0]
+    return out
+
+
+def bench_prefill(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult:
+    """Time the prefill of `n_tokens` prompt tokens after `depth` cached ones (only the last
+    row's logits), in the engine's prefill chunks."""
+    ids, past = _prompt(model, n_tokens), _prompt(model, depth, seed=1)
     times = []
     for _ in range(reps + 1):  # the first run warms caches and thread pools
         table = model.kv.table()
-        table.ensure(n_tokens)
+        _prefill(model, table, past, 0)
         t = time.perf_counter()
-        model.runner.forward([SeqBatch(ids, 0, table.array(), "last", table.window_arrays())])
+        _prefill(model, table, ids, depth, "last")
         times.append(time.perf_counter() - t)
         table.release()
-    return _result(f"pp{n_tokens}", n_tokens, times[1:])
+    return _result(f"pp{n_tokens}" + (f" @ d{depth}" if depth else ""), n_tokens, times[1:])
 
 
-def bench_decode(model, n_tokens: int, reps: int, context: int = 16) -> BenchResult:
-    """Time `n_tokens` single-token decode steps after a short `context`, argmax picking."""
+def bench_decode(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult:
+    """Time `n_tokens` single-token decode steps after `depth` cached tokens (16 when 0, as a
+    short prompt), argmax picking."""
+    context = depth or 16
     ids = _prompt(model, context)
     times = []
     for _ in range(reps + 1):
         table = model.kv.table()
-        table.ensure(context + n_tokens)
-        model.runner.forward([SeqBatch(ids, 0, table.array(), "none", table.window_arrays())])
+        _prefill(model, table, ids, 0)
         token, pos = int(ids[-1]), context
         t = time.perf_counter()
         for _ in range(n_tokens):
+            table.trim(pos)
+            table.ensure(pos + 1)
             batch = [SeqBatch(np.array([token], np.int32), pos, table.array(), "last",
                               table.window_arrays())]  # fmt: skip
             token = model.runner.forward_argmax(batch)[0]
             pos += 1
         times.append(time.perf_counter() - t)
         table.release()
-    return _result(f"tg{n_tokens}", n_tokens, times[1:])
+    return _result(f"tg{n_tokens}" + (f" @ d{depth}" if depth else ""), n_tokens, times[1:])
 
 
 def _result(test: str, n: int, times: list[float]) -> BenchResult:

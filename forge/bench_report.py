@@ -26,6 +26,7 @@ class BenchRow:
     device: str | None  # GPU backends: the device's name
     n_prompt: int
     n_gen: int
+    n_depth: int
     test: str  # "pp512" or "tg128"
     avg_ts: float  # tokens per second: median of the repetitions
     stddev_ts: float

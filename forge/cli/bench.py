@@ -1,7 +1,8 @@
 """``forge bench [MODEL]``: prefill and generation throughput, like llama-bench.
 
 ``-p 128,512 -n 32,128`` run one prompt-processing test per -p value and one generation test
-per -n value (0 skips that kind), each ``-r`` times; ``-o md|csv|json|jsonl`` picks the output.
+per -n value (0 skips that kind), each ``-r`` times, after ``-d`` tokens already cached (a comma
+list too); ``-o md|csv|json|jsonl`` picks the output.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def add_parser(subparsers: Any) -> None:
         metavar="N[,N...]",
         help="generated lengths, one tg test each (default 128; 0 = none)",
     )
+    p.add_argument(
+        "-d",
+        "--n-depth",
+        default="0",
+        metavar="N[,N...]",
+        help="tokens already in the cache before each test (default 0), as llama-bench's -d",
+    )
     p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs of each test")
     p.add_argument("-o", "--output", choices=FORMATS, default="md", help="output format")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
@@ -56,11 +64,12 @@ def bench(args: Any, ctx: Any) -> int:
 
     prompts = [n for n in _counts(args.n_prompt) if n]
     gens = [n for n in _counts(args.n_gen) if n]
+    depths = _counts(args.n_depth)
     if args.repetitions < 1:
         raise UsageError("-r/--repetitions must be >= 1")
     if not prompts and not gens:
         raise UsageError("nothing to measure: -p and -n are both 0")
-    need = max([*prompts, *(16 + n for n in gens)])
+    need = max([*prompts, *(16 + n for n in gens)]) + max(depths)
     if need > ctx.config.n_ctx:
         raise UsageError(f"the tests need {need} positions; raise -c/--ctx-size (now "
                          f"{ctx.config.n_ctx})")  # fmt: skip
@@ -69,18 +78,19 @@ def bench(args: Any, ctx: Any) -> int:
         raise UsageError(f"the tests need {need} positions but the model holds {model.n_ctx}")
     facts = {**model_facts(model), **_where(model, ctx)}
     rows = []
-    for kind, sizes in (("pp", prompts), ("tg", gens)):
-        for n in sizes:
-            run = bench_prefill if kind == "pp" else bench_decode
-            result = run(model, n, args.repetitions)
-            rates = [n / t for t in result.runs_s]
-            rows.append(BenchRow(**facts, n_prompt=n if kind == "pp" else 0,
-                                 n_gen=n if kind == "tg" else 0, test=result.test,
-                                 avg_ts=result.median_tok_s, stddev_ts=result.stdev_tok_s,
-                                 samples_ts=rates))  # fmt: skip
-            if args.output == "jsonl":  # one line per test as it finishes, as llama-bench
-                sys.stdout.write(render(rows[-1:], "jsonl"))
-                sys.stdout.flush()
+    tests = [(kind, n, d) for d in depths
+             for kind, sizes in (("pp", prompts), ("tg", gens)) for n in sizes]  # fmt: skip
+    for kind, n, depth in tests:
+        run = bench_prefill if kind == "pp" else bench_decode
+        result = run(model, n, args.repetitions, depth)
+        rates = [n / t for t in result.runs_s]
+        rows.append(BenchRow(**facts, n_prompt=n if kind == "pp" else 0,
+                             n_gen=n if kind == "tg" else 0, n_depth=depth, test=result.test,
+                             avg_ts=result.median_tok_s, stddev_ts=result.stdev_tok_s,
+                             samples_ts=rates))  # fmt: skip
+        if args.output == "jsonl":  # one line per test as it finishes, as llama-bench
+            sys.stdout.write(render(rows[-1:], "jsonl"))
+            sys.stdout.flush()
     if args.output != "jsonl":
         sys.stdout.write(render(rows, args.output))
     return 0

@@ -71,3 +71,22 @@ def test_bad_lists_fail_before_loading(capsys, monkeypatch, model_path, argv, wo
     code = main(["bench", model_path, *argv])
     out, err = capsys.readouterr()
     assert code == 2 and words in err and out == ""
+
+
+def test_depths_run_every_test_after_that_many_cached_tokens(capsys, model_path, monkeypatch):
+    """-d 0,40: each test at both depths; the measured steps start at that position, after the
+    cached tokens were fed in prefill chunks."""
+    import forge.bench as fb
+
+    starts = []
+    real = fb._prefill
+
+    def spy(model, table, ids, start, output="none"):
+        starts.append((start, len(ids)))
+        return real(model, table, ids, start, output)
+
+    monkeypatch.setattr(fb, "_prefill", spy)
+    rows = json.loads(bench(capsys, model_path, "-p", "8", "-n", "2", "-d", "0,40", "-o", "json"))
+    assert [r["test"] for r in rows] == ["pp8", "tg2", "pp8 @ d40", "tg2 @ d40"]
+    assert [r["n_depth"] for r in rows] == [0, 0, 40, 40]
+    assert (40, 8) in starts and (0, 40) in starts  # the pp test after its 40 cached tokens
