@@ -110,8 +110,13 @@ class AttentionBlock:
         for i, (seq_past, sel) in enumerate(zip(past, queries)):
             if sel.size == 0 or i in single:
                 continue
+            qpos = step.pos[sel]
+            hi = int(qpos.max()) + 1
+            lo = 0 if window is None else max(0, int(qpos.min()) - window + 1)
+            # only the keys some query sees are read (the op takes positions from k's first)
+            keys = seq_past[lo:hi]
             attn[starts[i] : starts[i + 1]] = self.ops.attention(
-                q[sel], kc.read(seq_past), vc.read(seq_past), step.pos[sel], s.attn_scale, window
+                q[sel], kc.read(keys), vc.read(keys), qpos - lo, s.attn_scale, window
             )
         return attn
 
