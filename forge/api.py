@@ -25,6 +25,7 @@ from forge.kv_pools import KvPools
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
 from forge.scheduler import PREFILL_CHUNK, Finished, Scheduler
+from forge.sharding import tensor_parallel_args
 from forge.tokenizer import Tokenizer, render_chat, resolve_chat_template, tokenizer_from_metadata
 
 log = logging.getLogger("forge")
@@ -422,6 +423,8 @@ def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None
     backend = pm.backend(name)
     kv_types = KvTypes.parse(config.kv_cache_type_k, config.kv_cache_type_v)
     extra = kv_type_args(backend.open_runner, kv_types, name)
+    extra |= tensor_parallel_args(backend.open_runner, spec, gguf, config.tensor_parallel,
+                                  config.device, pm.probe(name).devices, name)  # fmt: skip
     try:
         return backend.open_runner(
             spec, gguf, pm.kernels, device=config.device, progress=progress, n_ctx=n_ctx, **extra

@@ -68,6 +68,8 @@ class Config(BaseModel):
     backend: str = "auto"  # "auto" (best available by probe score) or a backend name
     fallback: str | None = None  # backend (or "auto") to use when `backend` is unavailable
     device: int = Field(0, ge=0)  # device index within the backend
+    # devices one model is split over (Megatron-style tensor parallelism), from `device` on
+    tensor_parallel: int = Field(1, ge=1)
     model: str | None = None  # GGUF path; None = the default model (Gemma 3 270M Q4_K_M)
     n_ctx: int = Field(4096, ge=16)  # context window in tokens (capped by the model's)
     threads: int | None = Field(None, ge=1)  # CPU threads; None = all cores

@@ -40,6 +40,8 @@ def config_parent() -> argparse.ArgumentParser:
         g, "--fallback", key="fallback", help="backend to use if --backend is unavailable"
     )
     add_config_flag(g, "--device", key="device", help="device index within the backend")
+    add_config_flag(g, "-tp", "--tensor-parallel", key="tensor_parallel",
+                    help="devices to split the model over (tensor parallelism)")  # fmt: skip
     add_config_flag(g, "-m", "--model", key="model", help="GGUF model path")
     add_config_flag(g, "-c", "--ctx-size", "--n-ctx", key="n_ctx", help="context window in tokens")
     add_config_flag(g, "-t", "--threads", key="threads", help="CPU threads")
