@@ -37,8 +37,12 @@ class WorkerGroup:
         ctx = mp.get_context("spawn")
         self._errors = ctx.SimpleQueue()
         self.processes = [
-            ctx.Process(target=_run, args=(target, rank, world, args, self._errors),
-                        name=f"forge-rank{rank}", daemon=True)  # fmt: skip
+            ctx.Process(
+                target=_run,
+                args=(target, rank, world, args, self._errors),
+                name=f"forge-rank{rank}",
+                daemon=True,
+            )  # fmt: skip
             for rank in range(world)
         ]
         for p in self.processes:
