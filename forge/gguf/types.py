@@ -6,7 +6,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 SUPPORTED_TYPES: tuple[str, ...] = (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4",
 )  # fmt: skip
 
 

@@ -66,4 +66,5 @@ def test_half_roundings():
 def test_rounding_per_weight_type():
     assert activation_rounding("Q4_K") is round_q8_k
     assert activation_rounding("Q8_0") is round_q8_0
+    assert activation_rounding("MXFP4") is round_q8_0  # ggml_vec_dot_mxfp4_q8_0
     assert activation_rounding("F32") is None

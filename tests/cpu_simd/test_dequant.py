@@ -78,6 +78,19 @@ def test_non_contiguous_rows():
     assert_same_bits(dequantize(raw[::2], "Q5_0", row_len), raw[::2], "Q5_0")
 
 
+def test_mxfp4_every_scale_and_code():
+    # 256 blocks, one per E8M0 exponent (subnormal, normal and overflowing scales), each holding
+    # all 16 E2M1 codes in both nibbles
+    codes = np.arange(16, dtype=np.uint8)
+    qs = np.tile(codes | (codes[::-1] << 4), (256, 1))
+    raw = np.concatenate([np.arange(256, dtype=np.uint8)[:, None], qs], axis=1)
+    got = dequantize(raw, "MXFP4", 32)
+    assert_same_bits(got, raw, "MXFP4")
+    # exponent 127 is scale 1: codes 7 and 15 are E2M1's largest magnitude, +-6
+    assert got[127, 7] == 6.0 and got[127, 15] == -6.0 and got[127, 16] == -6.0
+    assert got[0, 1] == np.float32(2.0**-128)  # the smallest scale is a float32 subnormal
+
+
 def test_row_slices_and_chunks_equal_the_whole():
     raw, row_len = random_tensor("Q6_K", 11, 2)
     whole = dequantize(raw, "Q6_K", row_len)
@@ -89,7 +102,8 @@ def test_row_slices_and_chunks_equal_the_whole():
 
 
 def golden_models(golden_dir):
-    return [golden_dir / "models" / name for name in golden_model_files()]
+    names = golden_model_files() + golden_model_files("moe.json")
+    return [golden_dir / "models" / name for name in names]
 
 
 def test_golden_models_match_reference(golden_dir):

@@ -16,7 +16,7 @@ import numpy as np
 
 from forge.errors import GGUFFormatError, UnsupportedModelError, UsageError
 from forge.gguf.types import block_geometry
-from forge_cpu_simd.dequant import kquants, legacy, simple
+from forge_cpu_simd.dequant import kquants, legacy, mxfp4, simple
 
 Decoder = Callable[[np.ndarray, np.ndarray], None]
 
@@ -26,6 +26,7 @@ DECODERS: dict[str, Decoder] = {
     "Q5_1": legacy.decode_q5_1, "Q8_0": legacy.decode_q8_0,
     "Q2_K": kquants.decode_q2_k, "Q3_K": kquants.decode_q3_k, "Q4_K": kquants.decode_q4_k,
     "Q5_K": kquants.decode_q5_k, "Q6_K": kquants.decode_q6_k,
+    "MXFP4": mxfp4.decode_mxfp4,
 }  # fmt: skip
 
 CHUNK_WEIGHTS = 1 << 18  # weights per decoder call: temporaries of ~1-3 MB, about an L2
