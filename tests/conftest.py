@@ -29,6 +29,13 @@ def synthetic_golden(golden_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
+def moe_golden(golden_dir: Path) -> dict:
+    """moe.json (the mixture-of-experts models) as {model file name: model entry}."""
+    data = json.loads((golden_dir / "moe.json").read_text())
+    return {m["model"]: m for m in data["models"]}
+
+
+@pytest.fixture(scope="session")
 def default_model_path() -> str:
     """Path of the default model (Gemma 3 270M Q4_K_M) from its PyPI package."""
     try:

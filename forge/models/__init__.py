@@ -8,9 +8,9 @@ from pydantic import ValidationError
 
 from forge.errors import ModelError, UnsupportedModelError
 from forge.gguf import GGUFFile
-from forge.models import gemma3, llama, qwen2, qwen3
+from forge.models import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 from forge.models.metadata import ArchMetadata
-from forge.models.spec import Attention, DenseFFN, LayerSpec, ModelSpec
+from forge.models.spec import Attention, DenseFFN, ExpertFFN, LayerSpec, ModelSpec, RopeScaling
 from forge.models.validate import validate_hyperparameters
 from forge.models.weights import expected_shapes
 
@@ -20,6 +20,8 @@ ARCHITECTURES: dict[str, Callable[[ArchMetadata], ModelSpec]] = {
     "qwen2": qwen2.build_spec,
     "qwen3": qwen3.build_spec,
     "gemma3": gemma3.build_spec,
+    "qwen3moe": qwen3moe.build_spec,
+    "gpt-oss": gpt_oss.build_spec,
 }
 
 
@@ -70,8 +72,10 @@ __all__ = [
     "ARCHITECTURES",
     "Attention",
     "DenseFFN",
+    "ExpertFFN",
     "LayerSpec",
     "ModelSpec",
+    "RopeScaling",
     "build_spec",
     "expected_shapes",
 ]

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from forge.models.metadata import ArchMetadata
+from forge.models.rope import rope_scaling
 from forge.models.spec import DenseFFN, LayerSpec
 
 
@@ -38,19 +39,6 @@ def dense_ffn(m: ArchMetadata, **fields: Any) -> DenseFFN:
 
 
 def uniform_layers(m: ArchMetadata, n_layer: int, default_base: float = 10000.0) -> tuple:
-    """Every layer global, with the file's RoPE base and linear scaling."""
-    layer = LayerSpec(rope_base=m.float("rope.freq_base", default_base), rope_scale=rope_scale(m))
+    """Every layer global, with the file's RoPE base and scaling."""
+    layer = LayerSpec(rope_base=m.float("rope.freq_base", default_base), rope=rope_scaling(m))
     return (layer,) * n_layer
-
-
-def rope_scale(m: ArchMetadata) -> float:
-    """Linear RoPE scaling factor (1.0 when the file asks for none)."""
-    kind = m.md.get(f"{m.arch}.rope.scaling.type")
-    factor = m.optional_float("rope.scaling.factor")
-    if kind in (None, "none") or not factor:
-        return 1.0
-    if kind != "linear":
-        from forge.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(f"{m.gguf.path}: RoPE scaling {kind!r} is not supported")
-    return factor

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from forge.models.spec import Attention, DenseFFN, ModelSpec
+from forge.models.rope import FREQS_TENSOR
+from forge.models.spec import Attention, DenseFFN, ExpertFFN, ModelSpec
 
 Shape = tuple[int, ...]
 
@@ -23,7 +24,9 @@ class Weight:
 
     stem: str  # e.g. "attn_q.weight"
     shape: Callable[[ModelSpec], Shape]
-    kind: Literal["matrix", "vector"] = "matrix"  # vectors: norms and biases (read as floats)
+    # vectors: norms and biases (read as floats; an expert bias is one row per expert);
+    # experts: the stacked matrices of a mixture of experts, [K, N, n_expert]
+    kind: Literal["matrix", "vector", "experts"] = "matrix"
     when: Callable[[ModelSpec], bool] = lambda s: True
 
 
@@ -54,6 +57,8 @@ ATTENTION: tuple[Weight, ...] = (
     _vec("attn_q_norm.weight", lambda s: s.head_dim, lambda s: s.attention.qk_norm),
     _vec("attn_k_norm.weight", lambda s: s.head_dim, lambda s: s.attention.qk_norm),
     Weight("attn_output.weight", lambda s: (s.n_head * s.head_dim_v, s.n_embd)),
+    _vec("attn_output.bias", lambda s: s.n_embd, lambda s: s.attention.out_bias),
+    _vec("attn_sinks.weight", lambda s: s.n_head, lambda s: s.attention.sinks),
     _vec("post_attention_norm.weight", lambda s: s.n_embd, lambda s: s.attention.post_norm),
 )
 
@@ -65,14 +70,53 @@ DENSE_FFN: tuple[Weight, ...] = (
     _vec("post_ffw_norm.weight", lambda s: s.n_embd, lambda s: s.ffn.post_norm),
 )
 
+
+def _exps(stem: str, k: Callable[[ModelSpec], int], n: Callable[[ModelSpec], int]) -> Weight:
+    return Weight(stem, lambda s: (k(s), n(s), s.ffn.n_expert), "experts")
+
+
+def _exps_bias(stem: str, n: Callable[[ModelSpec], int]) -> Weight:
+    return Weight(stem, lambda s: (n(s), s.ffn.n_expert), "vector", lambda s: s.ffn.expert_bias)
+
+
+def _ff(s: ModelSpec) -> int:
+    return s.ffn.n_ff
+
+
+def _embd(s: ModelSpec) -> int:
+    return s.n_embd
+
+
+EXPERT_FFN: tuple[Weight, ...] = (
+    _vec("ffn_norm.weight", _embd, lambda s: s.ffn.norm == "ffn_norm"),
+    _vec("post_attention_norm.weight", _embd, lambda s: s.ffn.norm == "post_attention_norm"),
+    Weight("ffn_gate_inp.weight", lambda s: (s.n_embd, s.ffn.n_expert)),  # the router
+    _vec("ffn_gate_inp.bias", lambda s: s.ffn.n_expert, lambda s: s.ffn.router_bias),
+    _exps("ffn_gate_exps.weight", _embd, _ff),
+    _exps("ffn_up_exps.weight", _embd, _ff),
+    _exps("ffn_down_exps.weight", _ff, _embd),
+    _exps_bias("ffn_gate_exps.bias", _ff),
+    _exps_bias("ffn_up_exps.bias", _ff),
+    _exps_bias("ffn_down_exps.bias", _embd),
+)
+
 # Per-layer rows by part type.
-PART_WEIGHTS: dict[type, tuple[Weight, ...]] = {Attention: ATTENTION, DenseFFN: DENSE_FFN}
+PART_WEIGHTS: dict[type, tuple[Weight, ...]] = {
+    Attention: ATTENTION,
+    DenseFFN: DENSE_FFN,
+    ExpertFFN: EXPERT_FFN,
+}
 
 # Rows outside the layers.
 MODEL: tuple[Weight, ...] = (
     Weight("token_embd.weight", lambda s: (s.n_embd, s.n_vocab)),
     _vec("output_norm.weight", lambda s: s.n_embd),
     Weight("output.weight", lambda s: (s.n_embd, s.n_vocab), when=lambda s: not s.tied_output),
+    _vec(
+        FREQS_TENSOR,
+        lambda s: s.rope_dim // 2,
+        lambda s: any(layer.rope.kind == "llama3" for layer in s.layers),
+    ),  # fmt: skip
 )
 
 

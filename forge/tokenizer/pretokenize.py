@@ -21,11 +21,25 @@ def _llama3_style(digits: str) -> str:
             + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
 
 
+# o200k (GPT-4o, gpt-oss): words are an optional leading non-letter, upper-case letters then
+# lower-case ones (or the reverse), and a contraction. Letter case as llama.cpp's regex engine
+# evaluates the original classes ([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}]):
+# a letter other than a-z counts as upper case, one other than A-Z as lower case, so the ids
+# equal llama.cpp's.
+_UPPER = r"(?:(?=\p{L})[^a-z])"
+_LOWER = r"(?:(?=\p{L})[^A-Z])"
+_O200K = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 _PATTERNS: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^`\|~]", _GPT2),
     "gpt-2": (_GPT2,),
     "llama3": (_llama3_style("{1,3}"),),
     "qwen2": (_llama3_style(""),),
+    "gpt-4o": (_O200K,),
 }
 # names used in GGUF files for the same pre-tokenizers
 _ALIASES = {

@@ -16,13 +16,24 @@ from tests.support.golden_rules import (
 )
 
 MODELS = golden_model_files()
+MOE_MODELS = golden_model_files("moe.json")
 
 
 @pytest.mark.parametrize("model_file", MODELS or ["<golden data missing>"])
 def test_synthetic_model(model_file, golden_dir, synthetic_golden, report):
+    check_model(golden_dir, model_file, synthetic_golden[model_file], report)
+
+
+@pytest.mark.parametrize("model_file", MOE_MODELS or ["<golden data missing>"])
+def test_mixture_of_experts_model(model_file, golden_dir, moe_golden, report):
+    check_model(golden_dir, model_file, moe_golden[model_file], report)
+
+
+def check_model(golden_dir, model_file: str, entry: dict, report: list[str]) -> None:
+    """Tokens, logits and the teacher-forced greedy continuation of every case of `entry`."""
     model = forge.load(str(golden_dir / "models" / model_file), backend="cpu_simd", n_ctx=256)
     worst_max = worst_mean = 0.0
-    for case in synthetic_golden[model_file]["cases"]:
+    for case in entry["cases"]:
         assert model.tokenize(case["prompt"]) == case["tokens"], case["prompt"]
         n = len(case["tokens"])
         logits = model.logits(case["tokens"] + case["greedy"])

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forge.models.spec import DenseFFN, LayerSpec, ModelSpec
+from forge.models.rope import FREQS_TENSOR, rope_frequencies
+from forge.models.spec import DenseFFN, ExpertFFN, LayerSpec, ModelSpec
 from forge_cpu_simd import ops
+from forge_cpu_simd.experts import ExpertFFNBlock
 from forge_cpu_simd.kv_store import KvArray, query_rounding
 from forge_cpu_simd.loading import WeightLoader
 
@@ -28,13 +30,13 @@ class Step:
     slots: dict[int | None, np.ndarray]
     past: dict[int | None, list[np.ndarray]]
     every_row: list[np.ndarray]  # per sequence: its rows of the pass
-    rope: dict = field(default_factory=dict)  # (base, scale) -> (cos, sin) [rows, rope_dim/2]
+    rope: dict = field(default_factory=dict)  # frequencies -> (cos, sin) [rows, rope_dim/2]
     keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
 
-    def rope_tables(self, spec: ModelSpec, layer: LayerSpec) -> tuple[np.ndarray, np.ndarray]:
-        key = (layer.rope_base, layer.rope_scale)
+    def rope_tables(self, freqs: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+        key = (freqs.tobytes(), mscale)
         if key not in self.rope:
-            self.rope[key] = ops.rope_tables(self.pos, spec.rope_dim, *key)
+            self.rope[key] = ops.rope_tables(self.pos, freqs, mscale)
         return self.rope[key]
 
 
@@ -51,8 +53,13 @@ class AttentionBlock:
                                else None)  # fmt: skip
         self.q_norm = load.vector(prefix + "attn_q_norm.weight") if a.qk_norm else None
         self.k_norm = load.vector(prefix + "attn_k_norm.weight") if a.qk_norm else None
-        self.wo = load.linear([prefix + "attn_output.weight"])
+        self.wo = load.linear([prefix + "attn_output.weight"],
+                              [prefix + "attn_output.bias"] if a.out_bias else None)  # fmt: skip
         self.post_norm = load.vector(prefix + "post_attention_norm.weight") if a.post_norm else None
+        # passed to the attention ops only when the model has them (kernels may predate them)
+        self.sinks = {"sinks": load.vector(prefix + "attn_sinks.weight")} if a.sinks else {}
+        factors = load.vector(FREQS_TENSOR) if layer.rope.kind == "llama3" else None
+        self.rope_freqs = rope_frequencies(spec.rope_dim, layer.rope_base, layer.rope, factors)
 
     def __call__(self, x, kc: KvArray, vc: KvArray, step: Step,
                  queries: list[np.ndarray]) -> np.ndarray:  # fmt: skip
@@ -67,7 +74,7 @@ class AttentionBlock:
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm, s.rms_eps)
             k = self.ops.rms_norm(k, self.k_norm, s.rms_eps)
-        cos, sin = step.rope_tables(s, self.layer)
+        cos, sin = step.rope_tables(self.rope_freqs, self.layer.rope.mscale)
         self.ops.rope(q, cos, sin, s.rope_neox)
         self.ops.rope(k, cos, sin, s.rope_neox)
         kc.write(step.slots[self.pool], k)
@@ -104,7 +111,12 @@ class AttentionBlock:
                 step.keys[key] = _padded_keys(past, queries, step.pos, singles, window)
             rows, past_slots, valid = step.keys[key]
             attn[starts[singles]] = self.ops.decode_attention(
-                q[rows], kc.read(past_slots), vc.read(past_slots), valid, s.attn_scale
+                q[rows],
+                kc.read(past_slots),
+                vc.read(past_slots),
+                valid,
+                s.attn_scale,
+                **self.sinks,
             )
         single = set(singles)
         for i, (seq_past, sel) in enumerate(zip(past, queries)):
@@ -116,8 +128,9 @@ class AttentionBlock:
             # only the keys some query sees are read (the op takes positions from k's first)
             keys = seq_past[lo:hi]
             attn[starts[i] : starts[i + 1]] = self.ops.attention(
-                q[sel], kc.read(keys), vc.read(keys), qpos - lo, s.attn_scale, window
-            )
+                q[sel], kc.read(keys), vc.read(keys), qpos - lo, s.attn_scale, window,
+                **self.sinks,
+            )  # fmt: skip
         return attn
 
     @property
@@ -156,7 +169,7 @@ def weights_nbytes(block) -> int:  # noqa: ANN001
 
 
 # FFN block class by the type of spec.ffn.
-FFN_BLOCKS = {DenseFFN: DenseFFNBlock}
+FFN_BLOCKS = {DenseFFN: DenseFFNBlock, ExpertFFN: ExpertFFNBlock}
 
 
 def _padded_keys(past, queries, pos, seqs, window):

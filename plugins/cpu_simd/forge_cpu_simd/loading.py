@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from forge.gguf import GGUFFile
+from forge.gguf import GGUFFile, TensorInfo
 from forge.kernels import KernelTable
 from forge.models.spec import ModelSpec
 from forge.models.weights import model_weights
@@ -69,24 +69,35 @@ class WeightLoader:
         """The product by the named matrices, which share an input: one prepared weight when
         their kernel can fuse them, else one per matrix; the output is split per matrix when
         there are several."""
-        infos = [self.gguf.tensors[n] for n in names]
-        impls = [self.kernels.require(BACKEND, "matmul", i.type).impl for i in infos]
-        prepared = [k.prepare(self.gguf.raw(n), i) for k, n, i in zip(impls, names, infos)]
+        parts = [(self.gguf.raw(n), self.gguf.tensors[n]) for n in names]
         bias = np.concatenate([self.vector(b) for b in biases]) if biases else None
-        if len(names) == 1:
-            return Linear(impls[0], prepared[0], bias)
-        sizes = list(np.cumsum([i.shape[1] for i in infos])[:-1])
-        if all(k is impls[0] for k in impls) and hasattr(impls[0], "fuse"):
-            fused = impls[0].fuse(prepared)
-            if fused is not None:
-                return Linear(impls[0], fused, bias, sizes)
-        return Stacked([Linear(k, p) for k, p in zip(impls, prepared)], bias, sizes)
+        return prepare_linear(self.kernels, parts, bias)
+
+
+def prepare_linear(
+    kernels: KernelTable, parts: list[tuple[np.ndarray, TensorInfo]], bias: np.ndarray | None
+) -> Linear | Stacked:
+    """The product by matrices given as (GGUF bytes, TensorInfo) that share an input, each
+    prepared by the matmul kernel that wins for its type (see `WeightLoader.linear`)."""
+    infos = [info for _, info in parts]
+    impls = [kernels.require(BACKEND, "matmul", i.type).impl for i in infos]
+    prepared = [k.prepare(raw, i) for k, (raw, i) in zip(impls, parts)]
+    if len(parts) == 1:
+        return Linear(impls[0], prepared[0], bias)
+    sizes = list(np.cumsum([i.shape[1] for i in infos])[:-1])
+    if all(k is impls[0] for k in impls) and hasattr(impls[0], "fuse"):
+        fused = impls[0].fuse(prepared)
+        if fused is not None:
+            return Linear(impls[0], fused, bias, sizes)
+    return Stacked([Linear(k, p) for k, p in zip(impls, prepared)], bias, sizes)
 
 
 def weight_bytes(spec: ModelSpec, gguf: GGUFFile) -> int:
     """Bytes the prepared (float32) weights take. An untied token_embd.weight is not counted:
-    embedding rows are dequantized from the mapped file as they are looked up."""
-    names = [n for n in model_weights(spec) if spec.tied_output or n != "token_embd.weight"]
+    embedding rows are dequantized from the mapped file as they are looked up. Experts stay in
+    the mapped file (`forge_cpu_simd.experts.expert_memory` counts them)."""
+    names = [n for n, w in model_weights(spec).items()
+             if w.kind != "experts" and (spec.tied_output or n != "token_embd.weight")]  # fmt: skip
     return sum(gguf.tensors[n].n_elements * 4 for n in names)
 
 

@@ -31,11 +31,12 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
-def rope_tables(positions: np.ndarray, rope_dim: int, base: float, scale: float):
-    """cos and sin of the rotation angles, each [tokens, rope_dim/2] float32."""
-    inv_freq = base ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
-    angles = (positions.astype(np.float64) / scale)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+def rope_tables(positions: np.ndarray, freqs: np.ndarray, mscale: float = 1.0):
+    """cos and sin of the rotation angles positions * freqs (`forge.models.rope.
+    rope_frequencies`), times `mscale`, each [tokens, rope_dim/2] float32."""
+    angles = positions.astype(np.float64)[:, None] * np.asarray(freqs, np.float64)[None, :]
+    cos, sin = np.cos(angles) * mscale, np.sin(angles) * mscale
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
@@ -62,11 +63,13 @@ def attention(
     q_pos: np.ndarray,
     scale: float,
     window: int | None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal (optionally sliding-window) grouped-query attention for one sequence.
 
     q [n, H, D] at positions q_pos; k [T, Hkv, D] and v [T, Hkv, Dv] hold positions 0..T-1.
     Returns [n, H, Dv]. A query at position p sees keys t with t <= p and p - t < window.
+    sinks [H]: a logit per head that joins the softmax's denominator only (gpt-oss).
     """
     n, n_head, d = q.shape
     n_kv = k.shape[1]
@@ -83,22 +86,25 @@ def attention(
         allowed &= (q_pos[:, None] - t_pos[None, :]) < window
     scores = scores.reshape(n_kv, group, n, -1)
     scores[:, :, ~allowed] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    _softmax(scores, None if sinks is None else sinks.reshape(n_kv, group, 1, 1))
     out = np.matmul(scores.reshape(n_kv, group * n, -1), v.transpose(1, 0, 2))
     return out.reshape(n_kv, group, n, -1).transpose(2, 0, 1, 3).reshape(n, n_head, -1)
 
 
 def decode_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, valid: np.ndarray, scale: float
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    valid: np.ndarray,
+    scale: float,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Attention of one query row per sequence, several sequences in one set of products.
 
     q [S, H, D]; k [S, T, Hkv, D] and v [S, T, Hkv, Dv] are the keys and values each
     sequence's query sees (causal and window limits already applied), padded on the right, and
-    valid [S, T] marks the real ones. Returns [S, H, Dv], what `attention` gives each sequence
-    alone up to float rounding.
+    valid [S, T] marks the real ones. sinks [H] as in `attention`. Returns [S, H, Dv], what
+    `attention` gives each sequence alone up to float rounding.
     """
     n_seq, n_head, d = q.shape
     n_kv = k.shape[2]
@@ -108,7 +114,19 @@ def decode_attention(
     scores = np.matmul(q.reshape(n_seq, n_kv, group, d), k)
     scores *= np.float32(scale)
     np.copyto(scores, -np.inf, where=~valid[:, None, None, :])
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    _softmax(scores, None if sinks is None else sinks.reshape(1, n_kv, group, 1))
     return np.matmul(scores, v).reshape(n_seq, n_head, -1)
+
+
+def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> None:
+    """Softmax over the last axis, in place; `sinks` (broadcast to scores[..., :1]) are extra
+    logits that count in the denominator but take no weight of their own."""
+    peak = scores.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        peak = np.maximum(peak, sinks)
+    scores -= peak
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += np.exp(sinks - peak)
+    scores /= total

@@ -138,11 +138,15 @@ class CpuSimdBackend(Backend):
     def memory_needed(
         self, spec: Any, gguf: Any, n_ctx: int, kv_types: KvTypes | None = None
     ) -> dict[str, int]:
+        """Weights: the float32 matrices and vectors, plus every expert of a mixture as stored
+        (read from the mapped file) and the most its caches of prepared experts hold."""
+        from forge_cpu_simd.experts import expert_memory
         from forge_cpu_simd.loading import weight_bytes
 
         k, v = (kv_types or KvTypes()).resolve(KvFormat.F32)
         kv = n_ctx * spec.kv_bytes_per_token(k, v)
-        return {"weights": weight_bytes(spec, gguf), "kv_cache": kv}
+        weights = weight_bytes(spec, gguf) + sum(expert_memory(spec, gguf))
+        return {"weights": weights, "kv_cache": kv}
 
 
 @forge.hookimpl

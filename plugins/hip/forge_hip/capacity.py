@@ -61,6 +61,11 @@ def check_spec(spec: ModelSpec) -> None:
     """Raise UnsupportedModelError naming what the hip kernels cannot run."""
     if not isinstance(spec.ffn, DenseFFN):
         raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
+    if spec.attention.sinks or spec.attention.out_bias:
+        raise UnsupportedModelError("hip has no kernels for attention sinks or an output bias")
+    rope_kinds = {layer.rope.kind for layer in spec.layers} - {"none", "linear"}
+    if rope_kinds:
+        raise UnsupportedModelError(f"hip has no kernels for RoPE scaling {sorted(rope_kinds)}")
     if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
         raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
     if spec.head_dim % 8 or spec.head_dim_v % 8:  # attention.hip reads K/V rows in 16-byte words
