@@ -63,9 +63,10 @@ class _Checker:
         ):
             self.at_most(name, value, limit)
         # read from the file: where the spec keeps the FFN width depends on the FFN's kind
-        n_ff = self.gguf.metadata.get(f"{self.arch}.feed_forward_length")
-        if isinstance(n_ff, int) and not isinstance(n_ff, bool):
-            self.at_most("feed_forward_length", n_ff, MAX_FF)
+        for key in ("feed_forward_length", "expert_feed_forward_length"):
+            n_ff = self.gguf.metadata.get(f"{self.arch}.{key}")
+            if isinstance(n_ff, int) and not isinstance(n_ff, bool):
+                self.at_most(key, n_ff, MAX_FF)
         self.heads()
         self.rope()
         self.windows()

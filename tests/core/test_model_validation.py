@@ -159,3 +159,62 @@ def test_cli_refuses_a_fifo(fifo, command):
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert "not a regular file" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- mixtures of experts (the golden qwen3moe and gpt-oss files, rewritten) ---------------------
+
+
+@pytest.mark.parametrize(
+    "model, key, value, match",
+    [
+        ("qwen3moe-q8_0", "expert_count", 0, r"'qwen3moe\.expert_count' must be >= 1, got 0"),
+        ("qwen3moe-q8_0", "expert_used_count", 0,
+         r"'qwen3moe\.expert_used_count' must be >= 1, got 0"),
+        ("qwen3moe-q8_0", "expert_used_count", 9,
+         r"'qwen3moe\.expert_used_count' = 9 exceeds 'qwen3moe\.expert_count' = 8"),
+        ("gpt-oss-mxfp4", "expert_used_count", 16,
+         r"'gpt-oss\.expert_used_count' = 16 exceeds 'gpt-oss\.expert_count' = 8"),
+        ("qwen3moe-q8_0", "expert_count", 1 << 20,
+         r"'qwen3moe\.expert_count' = 1048576 is out of range"),
+        ("qwen3moe-q8_0", "expert_count", 16,
+         r"'qwen3moe\.expert_count' = 16 disagrees with tensor 'blk\.0\.ffn_gate_inp\.weight'"),
+        ("qwen3moe-q8_0", "expert_feed_forward_length", 1 << 30,
+         r"'qwen3moe\.expert_feed_forward_length' = 1073741824 is out of range"),
+        ("qwen3moe-q8_0", "expert_feed_forward_length", 128,
+         r"tensor 'blk\.0\.ffn_gate_exps\.weight' has shape \[256, 256, 8\], but the metadata "
+         r"implies \[256, 128, 8\]"),
+    ],
+)  # fmt: skip
+def test_malformed_expert_metadata_is_named(tmp_path, golden_dir, model, key, value, match):
+    arch = model.rsplit("-", 1)[0]
+    src = golden_dir / "models" / f"{model}.gguf"
+    g = _rewritten(tmp_path, src, set_kv=[_u32(f"{arch}.{key}", value)])
+    with pytest.raises(ModelError, match=match):
+        build_spec(g)
+
+
+def test_missing_expert_count_is_named(tmp_path, golden_dir):
+    src = golden_dir / "models" / "qwen3moe-q4_k_m.gguf"
+    with pytest.raises(ModelError, match=r"metadata key 'qwen3moe\.expert_count' is missing"):
+        build_spec(_rewritten(tmp_path, src, drop_keys=["qwen3moe.expert_count"]))
+
+
+@pytest.mark.parametrize(
+    "model, tensor, match",
+    [
+        # one expert short: the stacked tensor disagrees with the expert count
+        ("qwen3moe-q8_0", "blk.1.ffn_down_exps.weight",
+         r"'qwen3moe\.expert_count' = 8 disagrees with tensor 'blk\.1\.ffn_down_exps\.weight' "
+         r"of shape \[256, 256, 7\]"),
+        ("gpt-oss-mxfp4", "blk.0.ffn_up_exps.bias",
+         r"tensor 'blk\.0\.ffn_up_exps\.bias' has shape \[128, 7\], but the metadata implies "
+         r"\[128, 8\]"),
+    ],
+)  # fmt: skip
+def test_expert_tensor_of_the_wrong_shape_is_named(tmp_path, golden_dir, model, tensor, match):
+    def drop_last_expert(tensors):
+        return [(n, d[:-1] if n == tensor else d, q) for n, d, q in tensors]
+
+    src = golden_dir / "models" / f"{model}.gguf"
+    with pytest.raises(ModelError, match=match):
+        build_spec(_rewritten(tmp_path, src, edit_tensors=drop_last_expert))

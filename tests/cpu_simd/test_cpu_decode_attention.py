@@ -12,16 +12,39 @@ from forge.backend import SeqBatch
 from forge.kv_cache import BlockAllocator, BlockTable
 
 
-def _reference(q, k, v, scale):
-    """Softmax attention of one query [H, D] over keys [T, Hkv, D] in float64."""
+def _reference(q, k, v, scale, sinks=None):
+    """Softmax attention of one query [H, D] over keys [T, Hkv, D] in float64; sinks [H]: a
+    logit per head in the denominator only."""
     group = q.shape[0] // k.shape[1]
     out = []
     for h in range(q.shape[0]):
         kh, vh = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
         s = kh @ q[h].astype(np.float64) * scale
-        p = np.exp(s - s.max())
-        out.append(p / p.sum() @ vh)
+        sink = -np.inf if sinks is None else float(sinks[h])
+        peak = max(s.max(), sink)
+        p = np.exp(s - peak)
+        out.append(p / (p.sum() + np.exp(sink - peak)) @ vh)
     return np.array(out)
+
+
+def test_sinks_join_the_softmax_denominator_in_both_ops():
+    rng = np.random.default_rng(5)
+    n_head, n_kv, d, n = 4, 2, 16, 6
+    k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    sinks = np.array([-3.0, 0.0, 2.5, 30.0], np.float32)  # the last one takes nearly all
+    prefill = ops.attention(q, k, v, np.arange(n), 0.25, None, sinks=sinks)
+    past = np.arange(n)[None, :]
+    decode = ops.decode_attention(q[-1:], k, v, past, np.ones((1, n), bool), 0.25, sinks=sinks)
+    for i in range(n):
+        want = _reference(q[i], k[: i + 1], v[: i + 1], 0.25, sinks)
+        np.testing.assert_allclose(prefill[i], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(decode[0], _reference(q[-1], k, v, 0.25, sinks), rtol=1e-5,
+                               atol=1e-6)  # fmt: skip
+    assert np.abs(prefill[:, 3]).max() < 1e-6  # a dominant sink leaves almost no weight
+    without = ops.attention(q, k, v, np.arange(n), 0.25, None)
+    assert np.abs(without[:, 1] - prefill[:, 1]).max() > 1e-2
 
 
 def test_decode_attention_matches_float64_per_sequence():
@@ -46,13 +69,11 @@ def test_decode_attention_matches_float64_per_sequence():
         np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def gemma(golden_dir):
-    # sliding window of 8 in five of its six layers: positions below reach past it; the
-    # 256-position cache holds four sequences of 64
-    return forge.load(
-        str(golden_dir / "models" / "gemma3-q4_k_m.gguf"), backend="cpu_simd", n_ctx=64
-    )
+@pytest.fixture(scope="module", params=["gemma3-q4_k_m.gguf", "gpt-oss-mxfp4.gguf"])
+def gemma(golden_dir, request):
+    # sliding window of 8 in five of gemma's six layers (and in half of gpt-oss's, with
+    # sinks): positions below reach past it; the 256-position cache holds four sequences of 64
+    return forge.load(str(golden_dir / "models" / request.param), backend="cpu_simd", n_ctx=64)
 
 
 def test_decode_rows_attend_together_and_match_each_sequence_alone(gemma, monkeypatch):
@@ -81,7 +102,7 @@ def test_decode_rows_attend_together_and_match_each_sequence_alone(gemma, monkey
         monkeypatch.setattr(
             gemma.runner.ops,
             "decode_attention",
-            lambda q, *a: calls.append(q.shape[0]) or batched(q, *a),
+            lambda q, *a, **kw: calls.append(q.shape[0]) or batched(q, *a, **kw),
         )
         together = gemma.runner.forward(
             steps + [SeqBatch(np.array(newcomer), 0, tables[3].array())]
