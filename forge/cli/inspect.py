@@ -43,6 +43,7 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
     from forge.api import DEFAULT_N_CTX, default_model_path
     from forge.gguf import open_gguf
     from forge.models import build_spec
+    from forge.models.weights import parameter_counts
 
     path = args.model_path or ctx.config.model or default_model_path()
     gguf = open_gguf(path)
@@ -62,6 +63,9 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
         "data_offset": gguf.data_offset,
         "spec": spec.model_dump(mode="json") if spec else None,
         "spec_error": str(spec_error) if spec_error else None,
+        "parameters": dict(zip(("total", "active_per_token"), parameter_counts(spec)))
+        if spec
+        else None,
         "metadata": {k: summarize(v, args.items) for k, v in gguf.metadata.items()},
         "tensors": [
             {
@@ -162,11 +166,16 @@ def print_report(r: dict[str, Any], configured_n_ctx: int | None) -> None:
           f"alignment {r['alignment']}, tensor data at offset {r['data_offset']}")  # fmt: skip
     s = r["spec"]
     if s:
+        f = s["ffn"]
+        ffn = (f"{f['n_expert']} experts ({f['n_expert_used']} used) of n_ff {f['n_ff']}"
+               if f["kind"] == "experts" else f"n_ff {f['n_ff']}")  # fmt: skip
         print(f"model: {s['arch']} {s['name']!r}: {s['n_layer']} layers, n_embd {s['n_embd']}, "
-              f"{s['n_head']} heads ({s['n_head_kv']} KV) of {s['head_dim']}, "
-              f"n_ff {s['ffn']['n_ff']}, "
+              f"{s['n_head']} heads ({s['n_head_kv']} KV) of {s['head_dim']}, {ffn}, "
               f"vocab {s['n_vocab']}, trained context {s['n_ctx_train']}"
               f"{', tied output' if s['tied_output'] else ''}")  # fmt: skip
+        p = r["parameters"]
+        print(f"parameters: {count(p['total'])} total, {count(p['active_per_token'])} active "
+              "per token")  # fmt: skip
     else:
         print(f"model: cannot be built: {r['spec_error']}")
     print(f"chat template: {r['chat_template']['used']}")
@@ -219,6 +228,14 @@ def show_value(m: dict[str, Any]) -> str:
     if "length" in m:
         text = text[:60] + f"... ({m['length']} characters)"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def count(n: int) -> str:
+    """A parameter count as K/M/B with three significant digits."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)
 
 
 def human(n: int | None) -> str:

@@ -7,6 +7,7 @@ Shapes are in GGML order: the row length (the product's K) first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -143,3 +144,15 @@ def model_weights(spec: ModelSpec) -> dict[str, Weight]:
 def expected_shapes(spec: ModelSpec) -> dict[str, Shape]:
     """GGML-order shapes (row length first) of every weight the spec needs."""
     return {name: w.shape(spec) for name, w in model_weights(spec).items()}
+
+
+def parameter_counts(spec: ModelSpec) -> tuple[int, int]:
+    """(parameters of the whole model, parameters one token runs through): a mixture of
+    experts counts only `n_expert_used / n_expert` of its expert weights and biases as active."""
+    total = active = 0
+    for name, w in model_weights(spec).items():
+        n = math.prod(w.shape(spec))
+        total += n
+        per_expert = "_exps." in name
+        active += n * spec.ffn.n_expert_used // spec.ffn.n_expert if per_expert else n
+    return total, active

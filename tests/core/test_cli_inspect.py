@@ -210,3 +210,27 @@ def test_memory_counts_the_chosen_kv_cache_types(capsys, model, cpu_only):
     assert data["kv_cache_types"] == ["q8_0", "q4_0"]
     per_32 = 34 + 18  # K and V of 32 values
     assert data["memory"]["cpu_simd"]["kv_cache"] == 256 * 2 * 2 * (64 // 32) * per_32
+
+
+@pytest.mark.parametrize("name, used", [("qwen3moe-q4_k_m.gguf", 2 / 8),
+                                        ("gpt-oss-mxfp4.gguf", 4 / 8)])  # fmt: skip
+def test_mixture_of_experts_parameters_and_memory(capsys, golden_dir, cpu_only, name, used):
+    path = str(golden_dir / "models" / name)
+    tensors = reference(path)
+    total = sum(n for *_, n in tensors)
+    experts = sum(n for t, *_, n in tensors if "_exps." in t)
+    active = total - experts + round(experts * used)
+    code, out, _ = run(capsys, "inspect", path)
+    assert code == 0
+    assert f"parameters: {total / 1e6:.3g} M total, {active / 1e6:.3g} M active per token" in out
+    assert re.search(r"\d+ layers, .*, 8 experts \(\d used\) of n_ff \d+, vocab", out)
+    data = json.loads(run(capsys, "inspect", path, "--json", "--n-ctx", "256")[1])
+    assert data["parameters"] == {"total": total, "active_per_token": active}
+    # cpu_simd: float32 copies of the dense weights, the experts as stored (mapped) plus at
+    # most their float32 size in its caches of prepared experts
+    stored = sum(b for t, _, _, b, _ in tensors if "_exps.weight" in t)
+    f32 = sum(4 * n for t, *_, n in tensors if "_exps.weight" in t)
+    dense = sum(
+        4 * n for t, *_, n in tensors if "_exps.weight" not in t and t != "token_embd.weight"
+    )
+    assert data["memory"]["cpu_simd"]["weights"] == dense + stored + f32
