@@ -18,6 +18,7 @@ from typing import Any
 
 from forge.errors import UsageError
 from forge.tokenizer.chat import resolve_chat_template
+from forge.tokenizer.harmony import HarmonyStream, is_harmony, split_reply
 from forge.toolcall import ToolPlan, plan_tools
 from forge.toolcall_stream import ReplyStream
 
@@ -88,10 +89,15 @@ def create_chat_completion(model: Any, messages: list[dict], *, stream: bool = F
     state = model.start(ids, constraint=constraint, **kwargs)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": _model_id(model)}  # fmt: skip
+    harmony = plan is None and is_harmony(template)  # channels: content and reasoning_content
     if stream:
-        return _chat_chunks(model, state, {**base, "object": "chat.completion.chunk"}, plan)
+        return _chat_chunks(model, state, {**base, "object": "chat.completion.chunk"}, plan,
+                            harmony)  # fmt: skip
     text = "".join(model.run(state))
-    message, reason = reply_message(plan, text, state.finish_reason or "length")
+    if harmony:
+        message, reason = harmony_message(text), state.finish_reason or "length"
+    else:
+        message, reason = reply_message(plan, text, state.finish_reason or "length")
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
     return {**base, "object": "chat.completion", "choices": [choice], "usage": _usage(state)}
 
@@ -105,12 +111,20 @@ def chat(model: Any, messages: list[dict], *, stream: bool = False, **kwargs: An
     return reply["choices"][0]["message"]["content"] or ""
 
 
-def _chat_chunks(model: Any, state: Any, base: dict, plan: ToolPlan | None) -> Iterator[dict]:
+def _chat_chunks(model: Any, state: Any, base: dict, plan: ToolPlan | None,
+                 harmony: bool = False) -> Iterator[dict]:  # fmt: skip
     def chunk(delta: dict, reason: str | None = None) -> dict:
         return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                      "finish_reason": reason}]}  # fmt: skip
 
     yield chunk({"role": "assistant", "content": ""})
+    if harmony:
+        channels = HarmonyStream()
+        for piece in model.run(state):
+            yield from (chunk(d) for d in channels.push(piece))
+        yield from (chunk(d) for d in channels.finish())
+        yield chunk({}, state.finish_reason or "length")
+        return
     if plan is None:
         for piece in model.run(state):
             yield chunk({"content": piece})
@@ -143,6 +157,16 @@ def reply_message(plan: ToolPlan | None, text: str, reason: str) -> tuple[dict, 
         message["tool_calls"] = [c.as_openai() for c in calls]
         reason = "tool_calls" if reason == "stop" else reason
     return message, reason
+
+
+def harmony_message(text: str) -> dict[str, Any]:
+    """The assistant message of a harmony reply: the final channel as ``content``, the
+    analysis channel as ``reasoning_content`` (when there is one), as llama-server returns."""
+    content, reasoning = split_reply(text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
 
 
 def _usage(state: Any) -> dict[str, int]:

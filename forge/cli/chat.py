@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from forge.cli.common import add_command
 from forge.cli.generation_flags import (
@@ -14,6 +15,8 @@ from forge.cli.generation_flags import (
     load_model,
 )
 from forge.cli.repl import Conversation, run_repl
+from forge.tokenizer.chat import resolve_chat_template
+from forge.tokenizer.harmony import HarmonyStream, is_harmony
 from forge.tokenizer.template_info import template_warning
 
 ORDER = 11
@@ -41,12 +44,28 @@ def chat(args: Any, ctx: Any) -> int:
         log.warning("%s", warning)
 
     kwargs = generation_kwargs(args, model, constraint)
+    harmony = is_harmony(resolve_chat_template(model.tokenizer))
 
     def reply(messages: list[dict]):  # noqa: ANN202 - Iterator[str]
-        return model.generate(model.chat_prompt(messages), **kwargs)
+        pieces = model.generate(model.chat_prompt(messages), **kwargs)
+        return final_channel(pieces, sys.stderr) if harmony else pieces
 
     name = model.spec.name or model.path
     return run_repl(Conversation(reply, args.system), name, _interactive())
+
+
+def final_channel(pieces: Iterator[str], reasoning: TextIO) -> Iterator[str]:
+    """The final channel of a harmony reply (what the conversation keeps), its analysis
+    written to `reasoning` as it comes."""
+    channels = HarmonyStream()
+    for piece in pieces:
+        for delta in channels.push(piece):
+            if "reasoning_content" in delta:
+                reasoning.write(delta["reasoning_content"])
+                reasoning.flush()
+            else:
+                yield delta["content"]
+    yield from (d.get("content", "") for d in channels.finish())
 
 
 def _interactive() -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from forge.completions import harmony_message
 from forge.generation import TokenEvent
 from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
@@ -25,6 +26,8 @@ from forge.server.schemas import UNSUPPORTED, ChatRequest, CompletionRequest, Sa
 from forge.server.service import Generation, Service
 from forge.server.structured import response_constraint
 from forge.server.tools import tool_message, tool_plan
+from forge.tokenizer.chat import resolve_chat_template
+from forge.tokenizer.harmony import HarmonyStream, is_harmony
 from forge.toolcall_stream import ReplyStream
 
 
@@ -256,6 +259,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     gen = request.state.generation = await _start(service, ids, body, max_tokens, logprobs,
                                                   constraint)  # fmt: skip
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    # a harmony reply: its final channel is the content, its analysis the reasoning_content
+    harmony = plan is None and is_harmony(resolve_chat_template(service.model.tokenizer))
 
     def lp(events: list[TokenEvent]) -> dict | None:
         return {"content": [_chat_logprob(service, e) for e in events]} if body.logprobs else None
@@ -270,9 +275,17 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         content_event = _sse_with_slot({**base, "choices": [delta]})
 
         reply = ReplyStream(plan) if plan is not None else None  # content now, calls at the end
+        channels = HarmonyStream() if harmony else None
+
+        def deltas_sse(deltas: list[dict], logprobs: dict | None = None) -> str:
+            return "".join(_sse({**base, "choices": [{"index": 0, "delta": d, "finish_reason": None,
+                                "logprobs": logprobs if i == 0 else None}]})
+                           for i, d in enumerate(deltas))  # fmt: skip
 
         def on_tokens(events: list[TokenEvent]) -> str:
             text = "".join(e.text for e in events)
+            if channels is not None:
+                return deltas_sse(channels.push(text), lp(events))
             if reply is not None:
                 return "".join(_sse({**base, "choices": [{"index": 0, "delta": d,
                                     "logprobs": None, "finish_reason": None}]})
@@ -285,6 +298,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
 
         def on_finish(done: Finished) -> str:
             reason, out = _finish_reason(done), ""
+            if channels is not None:
+                out += deltas_sse(channels.finish())
             if reply is not None:
                 deltas, reason = reply.finish(reason)
                 for d in deltas:
@@ -303,6 +318,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     message = {"role": "assistant", "content": "".join(e.text for e in events)}
     if plan is not None:
         message, reason = tool_message(plan, message["content"], reason)
+    elif harmony:
+        message = harmony_message(message["content"])
     choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": service.id, "choices": [choice],

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from forge.errors import UsageError
+from forge.tokenizer.harmony import HARMONY_TEMPLATE
 from forge.tokenizer.sandbox import default_sandbox
 
 # Built-in templates, used when a model ships none. Written for forge; they follow each model
@@ -54,6 +55,7 @@ PLAIN_TEMPLATE = (
 )
 # (token whose presence picks the template, template), first match wins
 _BUILTIN = (
+    ("<|channel|>", HARMONY_TEMPLATE),
     ("<start_of_turn>", GEMMA_TEMPLATE),
     ("<|im_start|>", CHATML_TEMPLATE),
     ("<|start_header_id|>", LLAMA3_TEMPLATE),

@@ -21,6 +21,10 @@ EOG_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
 )  # fmt: skip
+# harmony (gpt-oss): structural tokens rendered in decoded text, as llama.cpp renders them, so
+# a reply's channels can be told apart; and <|end|>, which ends a message but not the reply
+HARMONY_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+HARMONY_REPLY_ENDS = ("<|return|>", "<|call|>")
 # pre-tokenizers whose words are looked up whole before merging (llama.cpp: ignore_merges)
 _IGNORE_MERGES_PRE = {"llama3"}
 
@@ -139,11 +143,17 @@ def _special_ids(metadata, tokens, types, token_to_id, defaults) -> SpecialIds:
     ids = {name: get(key, defaults[name]) for name, key in keys.items()}
     eog = {i for i in (ids["eos"], get("eot_token_id", None), get("eom_token_id", None))
            if i is not None}  # fmt: skip
+    harmony = all(t in token_to_id for t in HARMONY_REPLY_ENDS)
     for text in EOG_TEXTS:
         tid = token_to_id.get(text)
         if tid is not None:
-            eog.add(tid)
             # llama.cpp treats these as control tokens whatever the file says
             types[tid] = TokenType.CONTROL
+            if not (harmony and text == "<|end|>"):
+                eog.add(tid)
+    if harmony:
+        for text in HARMONY_RENDERED:
+            if text in token_to_id:
+                types[token_to_id[text]] = TokenType.USER_DEFINED
     return SpecialIds(bos=ids["bos"], eos=ids["eos"], unk=ids["unk"], pad=ids["pad"],
                       eog=frozenset(eog))  # fmt: skip

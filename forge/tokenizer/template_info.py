@@ -12,9 +12,11 @@ from forge.tokenizer.chat import (
     PLAIN_TEMPLATE,
     resolve_chat_template,
 )
+from forge.tokenizer.harmony import HARMONY_TEMPLATE
 
 BUILTIN_NAMES = {GEMMA_TEMPLATE: "gemma", CHATML_TEMPLATE: "chatml",
-                 LLAMA3_TEMPLATE: "llama3", PLAIN_TEMPLATE: "plain 'role: content'"}  # fmt: skip
+                 LLAMA3_TEMPLATE: "llama3", HARMONY_TEMPLATE: "harmony",
+                 PLAIN_TEMPLATE: "plain 'role: content'"}  # fmt: skip
 # words in general.name / general.finetune of instruction-tuned releases
 _TUNED = ("instruct", "chat", "-it", " it", "_it", "assistant", "rlhf", "sft", "dpo")
 

@@ -93,3 +93,18 @@ def test_piped_turns_get_one_reply_each(golden_dir, tmp_path):
                           capture_output=True, env=env, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{reply}\n{reply}\n"  # /clear: the second turn starts afresh
+
+
+def test_gpt_oss_model_chats_in_harmony(tmp_path):
+    """A gpt-oss file without a template chats with forge's harmony renderer; whatever the
+    random-weight model says, no harmony marker reaches the conversation's text."""
+    from tests.support.moe_factory import moe_model
+
+    path = moe_model(tmp_path / "gpt-oss.gguf", "gpt-oss")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_")}
+    done = subprocess.run([sys.executable, "-m", "forge", "chat", str(path), "--backend",
+                           "cpu_simd", "--temp", "0", "-n", "12"], input="Hi\nAgain\n",
+                          text=True, capture_output=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "using forge's built-in harmony template" in done.stderr
+    assert done.stdout.count("\n") == 2 and "<|" not in done.stdout

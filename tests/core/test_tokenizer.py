@@ -330,6 +330,14 @@ def test_bpe_merges_by_rank():
     ("qwen2", "x  123 a  b", ["x", " ", " ", "1", "2", "3", " a", " ", " b"]),
     ("gpt2", "it's I'M  x", ["it", "'s", " I", "'", "M", " ", " x"]),
     ("default", "Hello, world! a+b", ["Hello", ",", " world", "!", " a", "+", "b"]),
+    # o200k: upper-case runs then lower-case ones (or the reverse) in one word, contractions
+    # kept on the word, a punctuation mark may lead a word, digits in threes, newlines and "/"
+    # after punctuation
+    ("gpt-4o", "HELLOworld helloWORLD I'M don't", ["HELLOworld", " hello", "WORLD", " I'M",
+                                                   " don't"]),
+    ("gpt-4o", "x 12345 a/b/\n\n  y", ["x", " ", "123", "45", " a", "/b", "/\n\n", " ",
+                                         " y"]),
+    ("gpt-4o", "café, naïve Été", ["café", ",", " naïve", " Été"]),
 ])  # fmt: skip
 def test_pretokenizer_splits(pre, text, words):
     assert PreTokenizer(pre).split(text) == words
