@@ -77,6 +77,16 @@ def tokenizer_fields(pre: str, tokens: list, types: list, ids: dict[str, int]) -
     return out
 
 
+def arch_fields(arch: str, name: str, **values) -> list[dict]:
+    """general.architecture/name, then `<arch>.<key>` fields (keys with "__" for "."): floats
+    as FLOAT32, strings as STRING, the rest UINT32."""
+    out = [field("general.architecture", arch, "STRING"), field("general.name", name, "STRING")]
+    for key, value in values.items():
+        kind = {float: "FLOAT32", str: "STRING"}.get(type(value), "UINT32")
+        out.append(field(f"{arch}.{key.replace('__', '.')}", value, kind))
+    return out
+
+
 def use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's Q4_K_M rule for the layers that keep more bits in attn_v and ffn_down."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
@@ -91,21 +101,23 @@ def qwen3_30b_a3b() -> dict:
     specials = {151643 + i: t for i, t in enumerate(names)}
     tokens, types = vocabulary(vocab, specials, 151669)
     fields = [
-        field("general.architecture", arch, "STRING"),
-        field("general.name", "Qwen3-30B-A3B shape twin", "STRING"),
-        field(f"{arch}.block_count", n_layer),
-        field(f"{arch}.context_length", 40960),
-        field(f"{arch}.embedding_length", e),
-        field(f"{arch}.feed_forward_length", 6144),
-        field(f"{arch}.attention.head_count", 32),
-        field(f"{arch}.attention.head_count_kv", 4),
-        field(f"{arch}.rope.freq_base", 1e6, "FLOAT32"),
-        field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, "FLOAT32"),
-        field(f"{arch}.expert_used_count", 8),
-        field(f"{arch}.attention.key_length", 128),
-        field(f"{arch}.attention.value_length", 128),
-        field(f"{arch}.expert_count", n_exp),
-        field(f"{arch}.expert_feed_forward_length", ff),
+        *arch_fields(
+            arch,
+            "Qwen3-30B-A3B shape twin",
+            block_count=n_layer,
+            context_length=40960,
+            embedding_length=e,
+            feed_forward_length=6144,
+            attention__head_count=32,
+            attention__head_count_kv=4,
+            rope__freq_base=1e6,
+            attention__layer_norm_rms_epsilon=1e-6,
+            expert_used_count=8,
+            attention__key_length=128,
+            attention__value_length=128,
+            expert_count=n_exp,
+            expert_feed_forward_length=ff,
+        ),  # fmt: skip
         field("general.file_type", 15),  # MOSTLY_Q4_K_M
         field("general.quantization_version", 2),
         *tokenizer_fields(
@@ -143,26 +155,28 @@ def gpt_oss_20b() -> dict:
     specials.update({i: f"<|reserved_{i}|>" for i in range(199998, vocab) if i not in specials})
     tokens, types = vocabulary(vocab, specials, vocab)
     fields = [
-        field("general.architecture", arch, "STRING"),
-        field("general.name", "gpt-oss-20b shape twin", "STRING"),
-        field(f"{arch}.block_count", n_layer),
-        field(f"{arch}.context_length", 131072),
-        field(f"{arch}.embedding_length", e),
-        field(f"{arch}.feed_forward_length", ff),
-        field(f"{arch}.attention.head_count", 64),
-        field(f"{arch}.attention.head_count_kv", 8),
-        field(f"{arch}.rope.freq_base", 150000.0, "FLOAT32"),
-        field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5, "FLOAT32"),
-        field(f"{arch}.expert_count", n_exp),
-        field(f"{arch}.expert_used_count", 4),
-        field(f"{arch}.attention.key_length", 64),
-        field(f"{arch}.attention.value_length", 64),
-        field(f"{arch}.attention.sliding_window", 128),
-        field(f"{arch}.expert_feed_forward_length", ff),
-        field(f"{arch}.rope.dimension_count", 64),
-        field(f"{arch}.rope.scaling.type", "yarn", "STRING"),
-        field(f"{arch}.rope.scaling.factor", 32.0, "FLOAT32"),
-        field(f"{arch}.rope.scaling.original_context_length", 4096),
+        *arch_fields(
+            arch,
+            "gpt-oss-20b shape twin",
+            block_count=n_layer,
+            context_length=131072,
+            embedding_length=e,
+            feed_forward_length=ff,
+            attention__head_count=64,
+            attention__head_count_kv=8,
+            rope__freq_base=150000.0,
+            attention__layer_norm_rms_epsilon=1e-5,
+            expert_count=n_exp,
+            expert_used_count=4,
+            attention__key_length=64,
+            attention__value_length=64,
+            attention__sliding_window=128,
+            expert_feed_forward_length=ff,
+            rope__dimension_count=64,
+            rope__scaling__type="yarn",
+            rope__scaling__factor=32.0,
+            rope__scaling__original_context_length=4096,
+        ),  # fmt: skip
         field("general.file_type", 38),  # MOSTLY_MXFP4_MOE
         field("general.quantization_version", 2),
         *tokenizer_fields(
