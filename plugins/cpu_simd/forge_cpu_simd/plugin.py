@@ -16,6 +16,8 @@ rows first:
   scale) -> [S, H, Dv]: one query row per sequence, each over the keys it sees (padded).
   Attention ops get K and V as float32, read from the cache in its format
   (`forge_cpu_simd.kv_store`).
+- Both attention ops take the keyword `sinks` (float32 [H]: a logit per head that joins the
+  softmax's denominator only) for models that have them (gpt-oss); it is not passed otherwise.
 - "silu", "gelu_tanh": the gate activations, elementwise.
 `forge_cpu_simd.ops` and `forge_cpu_simd.matmul` hold the built-in ones.
 """
