@@ -35,8 +35,8 @@ def test_sinks_join_the_softmax_denominator_in_both_ops():
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     sinks = np.array([-3.0, 0.0, 2.5, 30.0], np.float32)  # the last one takes nearly all
     prefill = ops.attention(q, k, v, np.arange(n), 0.25, None, sinks=sinks)
-    past = np.arange(n)[None, :]
-    decode = ops.decode_attention(q[-1:], k, v, past, np.ones((1, n), bool), 0.25, sinks=sinks)
+    decode = ops.decode_attention(q[-1:], k[None], v[None], np.ones((1, n), bool), 0.25,
+                                  sinks=sinks)  # fmt: skip
     for i in range(n):
         want = _reference(q[i], k[: i + 1], v[: i + 1], 0.25, sinks)
         np.testing.assert_allclose(prefill[i], want, rtol=1e-5, atol=1e-6)
