@@ -419,6 +419,14 @@ class _NoRunner(Runner):
         raise UsageError("this model only tokenizes: its engine runs in another process")
 
 
+def kernel_table(pm: Any, config: Any) -> Any:
+    """The kernels a model runs under `config` (its `kernels` key: every plugin's, or only each
+    backend's own)."""
+    if getattr(config, "kernels", "auto") == "builtin":
+        return pm.kernels.builtin_only({b: pm.backend_plugin(b) for b in pm.backends})
+    return pm.kernels
+
+
 def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None:
     backend = pm.backend(name)
     kv_types = KvTypes.parse(config.kv_cache_type_k, config.kv_cache_type_v)
@@ -427,7 +435,8 @@ def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None
                                   config.device, pm.probe(name).devices, name)  # fmt: skip
     try:
         return backend.open_runner(
-            spec, gguf, pm.kernels, device=config.device, progress=progress, n_ctx=n_ctx, **extra
+            spec, gguf, kernel_table(pm, config), device=config.device, progress=progress,
+            n_ctx=n_ctx, **extra
         )
     except ForgeError as err:
         if err.recoverable and config.fallback and config.fallback != name:

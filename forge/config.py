@@ -73,6 +73,10 @@ class Config(BaseModel):
     model: str | None = None  # GGUF path; None = the default model (Gemma 3 270M Q4_K_M)
     n_ctx: int = Field(4096, ge=16)  # context window in tokens (capped by the model's)
     threads: int | None = Field(None, ge=1)  # CPU threads; None = all cores
+    # "auto": each (backend, op, weight type) runs the kernel of highest priority (`forge
+    # kernels`); "builtin": only the kernels of the backend's own plugin (on cpu_simd: NumPy, not
+    # the compiled kernels of forge_cpu_jit)
+    kernels: Literal["auto", "builtin"] = "auto"
     # tokens generated when a request, flag or call does not say (CLI, Python API and server
     # alike); -1 = until an end-of-generation token or the context is full
     max_tokens: int = Field(256, ge=-1)

@@ -60,3 +60,15 @@ class KernelTable:
 
     def keys(self) -> list[tuple[str, str, str]]:
         return sorted(self._by_key)
+
+    def builtin_only(self, owners: dict[str, str]) -> KernelTable:
+        """The table with, for each backend, only the kernels its own plugin registered
+        (`owners`: backend name -> plugin name); backends not in `owners` keep every kernel.
+        What the config key ``kernels = "builtin"`` runs: NumPy on cpu_simd."""
+        table = KernelTable()
+        for specs in self._by_key.values():
+            for spec in specs:
+                owner = owners.get(spec.backend)
+                if owner is None or spec.plugin == owner:
+                    table.add(spec)
+        return table

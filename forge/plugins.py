@@ -43,7 +43,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forge")
 
-DEFAULT_PLUGINS = ("forge_cpu_simd.plugin", "forge_hip.plugin", "forge.sampling.builtin")
+DEFAULT_PLUGINS = (
+    "forge_cpu_simd.plugin",
+    "forge_cpu_jit.plugin",
+    "forge_hip.plugin",
+    "forge.sampling.builtin",
+)
 ENTRY_POINT_GROUP = "forge"
 
 

@@ -64,13 +64,17 @@ def plugins(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def kernels(args: argparse.Namespace, ctx: Context) -> int:
+    from forge.api import kernel_table
+
     table = ctx.plugins.kernels
+    used = kernel_table(ctx.plugins, ctx.config)  # what runs under the config's `kernels` key
     entries = []
     for backend, op, wtype in table.keys():
         found = table.candidates(backend, op, wtype)
+        winner = used.get(backend, op, wtype) or found[0]
         entries.append({
             "backend": backend, "op": op, "weight_type": wtype,
-            "winner": {"plugin": found[0].plugin, "priority": found[0].priority},
+            "winner": {"plugin": winner.plugin, "priority": winner.priority},
             "candidates": [{"plugin": k.plugin, "priority": k.priority} for k in found],
         })  # fmt: skip
     if args.json:
@@ -82,8 +86,12 @@ def kernels(args: argparse.Namespace, ctx: Context) -> int:
     rows = [
         [e["backend"], e["op"], e["weight_type"],
          f"{e['winner']['plugin']} (priority {e['winner']['priority']})",
-         ", ".join(f"{c['plugin']} ({c['priority']})" for c in e["candidates"][1:]) or "-"]
+         ", ".join(f"{c['plugin']} ({c['priority']})" for c in e["candidates"]
+                   if c != e["winner"]) or "-"]
         for e in entries
     ]  # fmt: skip
     print_table(["backend", "op", "type", "winner", "also provided by"], rows)
+    if ctx.config.kernels == "builtin":
+        print(f"kernels = \"builtin\" ({ctx.sources.get('kernels', 'config')}): each backend runs "
+              "its own plugin's kernels")
     return 0

@@ -1,6 +1,12 @@
 """Weights as the cpu_simd kernels want them: each matrix prepared once by the matmul kernel that
-wins in the kernel table for its type (the built-in one dequantizes to float32 for BLAS),
-vectors (norm weights, biases) as float32.
+wins in the kernel table for its type, vectors (norm weights, biases) as float32.
+
+A matmul kernel says which weight layout it consumes with its `layout` attribute: "float32" (the
+default; the built-in NumPy kernel dequantizes each matrix into a float32 copy for BLAS) or "gguf"
+(its prepared weight keeps the memory-mapped GGUF blocks, as compiled kernels such as
+forge_cpu_jit's do: no copy is made, and the matrix costs only the mapped file's pages). A kernel
+may also have `compile(weight_types)`, called once before any weight is prepared with the types
+it will get (one progress line for a first compile instead of one per type).
 """
 
 from __future__ import annotations
@@ -50,11 +56,29 @@ class Stacked:
         return sum(p.nbytes for p in self.parts)
 
 
+def layout(kernel) -> str:  # noqa: ANN001
+    """The weight layout a matmul kernel consumes: "gguf" (the mapped blocks) or "float32"."""
+    return getattr(kernel, "layout", "float32")
+
+
 class WeightLoader:
     """Reads one model's tensors from its GGUF file through the kernel table."""
 
     def __init__(self, gguf: GGUFFile, kernels: KernelTable):
         self.gguf, self.kernels = gguf, kernels
+
+    def compile_kernels(self, names: list[str]) -> None:
+        """Let each winning matmul kernel that compiles code do so for the types of `names`."""
+        by_kernel: dict[int, tuple[object, set[str]]] = {}
+        for name in names:
+            info = self.gguf.tensors.get(name)
+            if info is None or len(info.shape) not in (2, 3):  # 3: stacked experts
+                continue
+            impl = self.kernels.require(BACKEND, "matmul", info.type).impl
+            if hasattr(impl, "compile"):
+                by_kernel.setdefault(id(impl), (impl, set()))[1].add(info.type)
+        for impl, types in by_kernel.values():
+            impl.compile(sorted(types))
 
     def vector(self, name: str) -> np.ndarray:
         from forge_cpu_simd.dequant import dequantize
@@ -92,13 +116,31 @@ def prepare_linear(
     return Stacked([Linear(k, p) for k, p in zip(impls, prepared)], bias, sizes)
 
 
-def weight_bytes(spec: ModelSpec, gguf: GGUFFile) -> int:
-    """Bytes the prepared (float32) weights take. An untied token_embd.weight is not counted:
-    embedding rows are dequantized from the mapped file as they are looked up. Experts stay in
-    the mapped file (`forge_cpu_simd.experts.expert_memory` counts them)."""
-    names = [n for n, w in model_weights(spec).items()
-             if w.kind != "experts" and (spec.tied_output or n != "token_embd.weight")]  # fmt: skip
-    return sum(gguf.tensors[n].n_elements * 4 for n in names)
+def matrix_names(spec: ModelSpec) -> list[str]:
+    """The weights the forward pass multiplies by, experts aside. An untied token_embd.weight is
+    not one: embedding rows are dequantized from the mapped file as they are looked up. Experts
+    stay in the mapped file (`forge_cpu_simd.experts.expert_memory` counts them)."""
+    return [n for n, w in model_weights(spec).items()
+            if w.kind != "experts" and (spec.tied_output or n != "token_embd.weight")]  # fmt: skip
+
+
+def weight_bytes(spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable | None = None) -> int:
+    """Bytes the prepared weights take: the float32 copy of each matrix whose kernel builds one,
+    the GGUF bytes (mapped from the file) of each matrix whose kernel reads the blocks, float32
+    for vectors. Without a kernel table, the process's plugins decide."""
+    if kernels is None:
+        from forge.plugins import get_plugin_manager
+
+        kernels = get_plugin_manager().kernels
+    total = 0
+    for name in matrix_names(spec):
+        info = gguf.tensors[name]
+        found = kernels.get(BACKEND, "matmul", info.type) if len(info.shape) == 2 else None
+        if found is not None and layout(found.impl) == "gguf":
+            total += info.nbytes
+        else:
+            total += info.n_elements * 4
+    return total
 
 
 def _nbytes(obj) -> int:

@@ -7,7 +7,12 @@ rows first:
   load with the tensor's GGUF bytes as stored (uint8 [rows, row_bytes], memory-mapped; no
   rearrangement) and its `forge.gguf.TensorInfo`, and `__call__(x, prepared) -> y` computing
   y = x @ W.T for x [tokens, in]. Optional `fuse(list_of_prepared) -> prepared | None`: stack
-  weights that share an input (Q/K/V, gate/up) into one product.
+  weights that share an input (Q/K/V, gate/up) into one product. Optional `layout`: "float32"
+  (the default: prepare builds a float32 copy, as the built-in kernel does) or "gguf" (prepare
+  keeps the mapped bytes; the runner then counts the matrix as file bytes, and no float32 copy of
+  it exists anywhere, the tied output head included). Optional `compile(weight_types)`: called
+  once per model before any prepare, with the types that kernel will get.
+  forge_cpu_jit registers compiled "gguf" kernels at priority 10.
 - "rms_norm": (x, weight, eps) -> x / sqrt(mean(x^2) + eps) * weight over the last axis.
 - "rope": (x [tokens, heads, head_dim], cos, sin, neox) rotates x in place (`ops.rope_tables`).
 - "attention": (q [n, H, D], k [T, Hkv, D], v [T, Hkv, Dv], q_pos, scale, window) -> [n, H, Dv],

@@ -16,6 +16,7 @@ from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
 from forge.kv_cache import KvFormat
 from forge.models.spec import ModelSpec
+from forge.models.weights import model_weights
 from forge_cpu_simd.blocks import FFN_BLOCKS, AttentionBlock, Step
 from forge_cpu_simd.kv_store import KvArray
 from forge_cpu_simd.loading import BACKEND, WeightLoader
@@ -48,6 +49,7 @@ class CpuRunner(Runner):
                 )
         self.ops = _Ops(kernels)
         load = WeightLoader(gguf, kernels)
+        load.compile_kernels(list(model_weights(spec)))
         ffn_block = FFN_BLOCKS[type(spec.ffn)]
         total = spec.n_layer + 1
         self.blocks: list[tuple[AttentionBlock, object]] = []

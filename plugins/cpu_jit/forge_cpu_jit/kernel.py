@@ -1,0 +1,191 @@
+"""The compiled matmul kernel for cpu_simd: one object registered for every weight type it handles.
+
+It follows cpu_simd's matmul contract (forge_cpu_simd.plugin): `prepare(raw, info)` keeps the
+tensor's memory-mapped GGUF bytes as they are (`layout = "gguf"`: no float32 copy), `fuse` groups
+weights that share an input so that their activations are rounded once and their rows split over
+the threads together, `__call__(x, prepared)` computes x @ W.T. Activations are rounded as
+llama.cpp rounds them (Q8_0/Q8_1 for the 32-element types, Q8_K for the K-quants, f16/bf16 for
+half weights) and multiplied with integer dot products.
+
+numba is imported on the first `prepare`, not when the plugin registers. If it cannot be imported,
+or a type's kernels fail to compile, forge says so once and that weight is prepared by the NumPy
+kernel instead (`forge_cpu_simd.matmul.DenseMatmul`), which this object then runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+
+import numpy as np
+
+log = logging.getLogger("forge")
+
+# The types it registers for (F32 stays with NumPy: its float32 matrix is the file's own data).
+TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
+TILE = 16  # gemm.TILE: thread ranges start on whole tiles
+# Below this many multiply-adds a product runs on the calling thread (a hand-over costs more).
+PARALLEL_MIN_MACS = 1 << 18
+# Activation rows rounded per thread when the rows are split (prefill).
+PARALLEL_MIN_ROWS = 8
+
+
+class CompiledKernelWarning(UserWarning):
+    """The compiled CPU kernels cannot run (numba missing, a compile failure): NumPy runs."""
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_once(key: str, message: str) -> None:
+    """Warn (and log) once per process per key."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    log.warning("%s", message)
+    warnings.warn(message, CompiledKernelWarning, stacklevel=3)
+
+
+def _jit():  # noqa: ANN202
+    """forge_cpu_jit.jit (imports numba), or None with the one-time message."""
+    try:
+        from forge_cpu_jit import jit
+    except ImportError as exc:
+        say_once("import", f"forge cpu_jit: the compiled CPU kernels need numba ({exc}); "
+                           "cpu_simd runs its NumPy kernels (pip install numba)")  # fmt: skip
+        return None
+    except Exception as exc:  # a broken numba/llvmlite install
+        say_once("import", f"forge cpu_jit: cannot load numba ({type(exc).__name__}: {exc}); "
+                           "cpu_simd runs its NumPy kernels")  # fmt: skip
+        return None
+    return jit
+
+
+class BlockWeight:
+    """A weight kept as its GGUF blocks: raw uint8 [rows, row bytes], memory-mapped."""
+
+    layout = "gguf"
+
+    def __init__(self, raw: np.ndarray, type_name: str, k: int):
+        self.raw, self.type, self.k, self.n = raw, type_name, k, raw.shape[0]
+
+    @property
+    def nbytes(self) -> int:  # bytes of the mapped file it reads (not a copy)
+        return self.raw.nbytes
+
+
+class BlockGroup:
+    """Weights sharing an input, computed as one product whose output columns are theirs in
+    order (cpu_simd splits them again)."""
+
+    layout = "gguf"
+
+    def __init__(self, parts: list[BlockWeight]):
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [p.n for p in parts]).tolist()
+        self.n = self.offsets[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+class JitMatmul:
+    """y = x @ W.T on the GGUF blocks of W, compiled with numba (see the module docstring)."""
+
+    layout = "gguf"  # the prepared weights are the mapped blocks (forge_cpu_simd.loading)
+
+    def __init__(self) -> None:
+        self._fallback = None
+
+    # -- preparing ------------------------------------------------------------------------
+    def _numpy(self):  # noqa: ANN202
+        if self._fallback is None:
+            from forge_cpu_simd.matmul import DenseMatmul
+
+            self._fallback = DenseMatmul()
+        return self._fallback
+
+    def compile(self, type_names) -> None:  # noqa: ANN001
+        """Compile (or load from the cache) the kernels of these types now, with one progress
+        line for all of them (cpu_simd calls this before preparing a model's weights)."""
+        jit = _jit()
+        if jit is None:
+            return
+        for name, state in jit.compile_types(type_names).items():
+            if state is not True and name in TYPES:
+                say_once(f"compile-{name}", f"forge cpu_jit: the {name} kernel failed to compile "
+                                            f"({state}); {name} weights use the NumPy kernel")  # fmt: skip
+
+    def ready(self, type_name: str) -> bool:
+        jit = _jit()
+        if jit is None:
+            return False
+        self.compile([type_name])
+        return jit.compile_types([type_name])[type_name] is True
+
+    def prepare(self, raw: np.ndarray, info):  # noqa: ANN001, ANN201
+        k = int(info.shape[0])
+        if info.type not in TYPES or not self.ready(info.type):
+            return self._numpy().prepare(raw, info)
+        from forge_cpu_jit.jit import BLOCK, ROW_BYTES_PER_BLOCK
+
+        block = BLOCK[info.type]
+        if raw.ndim != 2 or k % max(block, 32) or raw.shape[1] != k // block * \
+                ROW_BYTES_PER_BLOCK[info.type]:  # fmt: skip
+            return self._numpy().prepare(raw, info)  # a shape the kernels do not take
+        return BlockWeight(raw, info.type, k)
+
+    def fuse(self, parts: list):  # noqa: ANN201
+        """One product for weights that share an input: compiled ones whose activations round
+        alike, or (all fallen back) the NumPy kernel's fusion; None otherwise."""
+        if all(isinstance(p, BlockWeight) for p in parts):
+            from forge_cpu_jit.jit import ACT_KIND
+
+            if len({ACT_KIND[p.type] for p in parts}) == 1:
+                return BlockGroup(parts)
+            return None
+        if not any(isinstance(p, BlockWeight) for p in parts):
+            return self._numpy().fuse(parts)
+        return None
+
+    # -- running --------------------------------------------------------------------------
+    def __call__(self, x: np.ndarray, w) -> np.ndarray:  # noqa: ANN001
+        if not isinstance(w, BlockWeight | BlockGroup):
+            return self._numpy()(x, w)
+        from forge_cpu_jit import jit
+        from forge_cpu_simd.threads import run_split, workers
+
+        parts = w.parts if isinstance(w, BlockGroup) else [w]
+        offsets = w.offsets if isinstance(w, BlockGroup) else [0, w.n]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != parts[0].k:
+            raise ValueError(f"activations of shape {x.shape} for a weight of row length "
+                             f"{parts[0].k}")  # fmt: skip
+        rows = x.shape[0]
+        kind = jit.ACT_KIND[parts[0].type]
+        bufs = jit.act_buffers(rows, x.shape[1], kind)
+        threads = workers()
+        if rows >= PARALLEL_MIN_ROWS and threads > 1:
+            run_split(rows, lambda lo, hi: jit.quantize_rows(kind, x, bufs, lo, hi))
+        else:
+            jit.quantize_rows(kind, x, bufs, 0, rows)
+        out = np.empty((rows, w.n), np.float32)
+        tiles = -(-w.n // TILE)
+
+        def run(t0: int, t1: int) -> None:
+            lo, hi = t0 * TILE, min(t1 * TILE, w.n)
+            for p, start, stop in zip(parts, offsets, offsets[1:]):
+                a, b = max(lo, start), min(hi, stop)
+                if a < b:
+                    jit.product_rows(p.type, p.raw, bufs, out, start, a - start, b - start)
+
+        if threads > 1 and rows * w.n * parts[0].k >= PARALLEL_MIN_MACS and tiles > 1:
+            run_split(tiles, run)
+        else:
+            run(0, tiles)
+        return out

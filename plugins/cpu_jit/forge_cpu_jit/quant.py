@@ -1,0 +1,138 @@
+"""Activations rounded as llama.cpp's CPU backend rounds them for its quantized dot products.
+
+Each quantizer fills, for rows of x (float32 [M, K]) and K padded to Kp (a multiple of 64, the
+padding zero):
+- xq int8 [M, Kp]: the codes;
+- xs float32 [M, Kp/4]: each code's scale, one per lane of 4 codes (`simd.dot4` sums 4 products);
+- xls int32 [M, Kp/4]: the sum of each lane's 4 codes (undoes the offset of unsigned weight codes);
+- xg float32 [M, groups]: the scaled code sums the weights' minimums multiply.
+
+`q8_0_rows` is llama.cpp's x86 quantize_row_q8_0 (scale max|x| / 127 stored as f16, codes
+round-half-even of x * 127 / max|x|) with quantize_row_q8_1's sum term (xg per 32: f16 of d times the
+code sum), for the 32-element types. `q8_k_rows` is quantize_row_q8_K (scale from the signed value of
+largest magnitude, -127 / max, codes min(127, round(x * iscale)), f32 scale 1 / iscale) with its sums
+per 16 (xg per 16: scale times the sum), for the K-quants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from forge_cpu_jit.simd import bits_to_f32, f32_to_bits
+
+_NB = {"nogil": True, "cache": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_NB)
+def f16_to_f32(h):  # noqa: ANN001, ANN201
+    """An IEEE half (its 16 bits in an integer) as float32; exact for every finite half."""
+    h = np.uint32(h)
+    f = bits_to_f32((h & np.uint32(0x7FFF)) << np.uint32(13)) * np.float32(5.192296858534828e33)
+    if h & np.uint32(0x8000):
+        f = -f
+    return f
+
+
+@njit(inline="always", **_NB)
+def f32_to_f16(f):  # noqa: ANN001, ANN201
+    """The IEEE half nearest to a float32 (ties to even), as its 16 bits (int64)."""
+    u = np.int64(f32_to_bits(np.float32(f)))
+    sign = (u >> 16) & 0x8000
+    u &= 0x7FFFFFFF
+    if u >= 0x47800000:  # beyond the half range: infinity (or NaN)
+        o = 0x7E00 if u > 0x7F800000 else 0x7C00
+    elif u < 0x38800000:  # a half subnormal (or zero): rounded by a float addition
+        v = bits_to_f32(u) + np.float32(0.5)
+        o = np.int64(f32_to_bits(v)) - 0x3F000000
+    else:
+        o = (u + ((15 - 127) << 23) + 0xFFF + ((u >> 13) & 1)) >> 13
+    return o | sign
+
+
+@njit(inline="always", **_NB)
+def round_f16(f):  # noqa: ANN001, ANN201
+    return f16_to_f32(f32_to_f16(f))
+
+
+@njit(**_NB)
+def q8_0_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of x as Q8_0 blocks (and Q8_1 sums) into the buffers described above."""
+    k = x.shape[1]
+    for m in range(lo, hi):
+        row = x[m]
+        for b in range(k // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(row[b * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            dh = round_f16(d)
+            total = 0
+            for lane in range(8):
+                s = 0
+                for j in range(4):
+                    q = np.int32(np.rint(row[b * 32 + lane * 4 + j] * inv))
+                    xq[m, b * 32 + lane * 4 + j] = q
+                    s += q
+                xls[m, b * 8 + lane] = s
+                xs[m, b * 8 + lane] = dh
+                total += s
+            xg[m, b] = round_f16(np.float32(total) * d)
+
+
+@njit(**_NB)
+def q8_k_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of x as Q8_K blocks into the buffers described above (xg per 16)."""
+    k = x.shape[1]
+    for m in range(lo, hi):
+        row = x[m]
+        for b in range(k // 256):
+            base = b * 256
+            amax = np.float32(0.0)
+            peak = np.float32(0.0)
+            for j in range(256):
+                v = row[base + j]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    peak = v
+            if amax == 0:
+                for j in range(256):
+                    xq[m, base + j] = 0
+                for lane in range(64):
+                    xls[m, b * 64 + lane] = 0
+                    xs[m, b * 64 + lane] = 0
+                for g in range(16):
+                    xg[m, b * 16 + g] = 0
+                continue
+            iscale = np.float32(-127.0) / peak
+            d = np.float32(1.0) / iscale
+            for g in range(16):
+                gs = 0
+                for lane in range(4):
+                    s = 0
+                    for j in range(4):
+                        i = base + g * 16 + lane * 4 + j
+                        q = min(127, np.int32(np.rint(iscale * row[i])))
+                        xq[m, i] = q
+                        s += q
+                    xls[m, b * 64 + g * 4 + lane] = s
+                    xs[m, b * 64 + g * 4 + lane] = d
+                    gs += s
+                xg[m, b * 16 + g] = d * np.float32(gs)
+
+
+@njit(**_NB)
+def round_rows(x, xf, mode, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of x, rounded to f16 (mode 1), bf16 (mode 2) or kept (0), into xf [M, Kp]."""
+    k = x.shape[1]
+    for m in range(lo, hi):
+        for i in range(k):
+            v = x[m, i]
+            if mode == 1:
+                v = round_f16(v)
+            elif mode == 2:
+                u = np.int64(f32_to_bits(v))
+                u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+                v = bits_to_f32(u)
+            xf[m, i] = v

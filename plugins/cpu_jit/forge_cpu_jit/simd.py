@@ -1,0 +1,288 @@
+"""SIMD vectors for numba: LLVM vector types as numba values, and the few operations the kernels use.
+
+numba compiles Python loops through LLVM but has no vector types of its own, and LLVM does not turn
+the integer dot products of quantized blocks into VNNI instructions on its own. These intrinsics
+(numba's documented `numba.extending.intrinsic` API, code generated with llvmlite) give the kernels
+512-bit values they keep in registers across a loop:
+
+- `U8x64`, `I8x64`: 64 bytes (unsigned weight codes, signed activation codes); `I32x16`, `F32x16`.
+- loads and stores at an element index of a 1-D array (`load_u8x64(row, i)` reads row[i : i + 64]);
+- `dot4(acc, a, b)`: acc[l] + sum over j < 4 of a[4l + j] * b[4l + j] (unsigned a, signed b): one
+  `vpdpbusd` where the CPU has AVX512-VNNI, portable LLVM vector code (same result) elsewhere;
+- float arithmetic (`fma`, `fmul`, `to_f32`), `hsum`, `splat_f32`, `zeros_*`, and the scalar
+  `f16_to_f32` / `bits_to_f32` conversions (exact for every finite half).
+
+Every vector is 512 bits: where the CPU has narrower registers LLVM splits the operations.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm_binding
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32 = ir.FloatType()
+
+
+def host_features() -> frozenset[str]:
+    """The LLVM feature names the host CPU has ("avx512vnni", "avx2", ...), as numba targets it."""
+    try:
+        flat = llvm_binding.get_host_cpu_features().flatten()
+    except RuntimeError:  # LLVM does not know this host's features
+        return frozenset()
+    return frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
+
+
+HAS_VNNI = "avx512vnni" in host_features() and "avx512bw" in host_features()
+
+
+class Vec(types.Type):
+    """A numba type for one LLVM vector value (<n x elem>)."""
+
+    def __init__(self, kind: str, n: int):
+        self.kind, self.n = kind, n
+        super().__init__(name=f"forge_vec_{kind}x{n}")
+
+
+_ELEM = {"u8": _I8, "i8": _I8, "i32": _I32, "f32": _F32}
+_DTYPE = {"u8": types.uint8, "i8": types.int8, "i32": types.int32, "f32": types.float32}
+
+
+@register_model(Vec)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):  # noqa: ANN001
+        super().__init__(dmm, fe_type, ir.VectorType(_ELEM[fe_type.kind], fe_type.n))
+
+
+U8x64, I8x64, I32x16, F32x16 = Vec("u8", 64), Vec("i8", 64), Vec("i32", 16), Vec("f32", 16)
+
+
+def _vec_ptr(context, builder, arr_type, arr, idx, vec_llty):  # noqa: ANN001
+    """Pointer to arr[idx] as a pointer to the vector type (arr: a 1-D array)."""
+    ary = context.make_array(arr_type)(context, builder, arr)
+    return builder.bitcast(builder.gep(ary.data, [idx]), vec_llty.as_pointer())
+
+
+def _check(arr, idx, vec: Vec) -> bool:  # noqa: ANN001
+    return (
+        isinstance(arr, types.Array)
+        and arr.ndim == 1
+        and arr.dtype == _DTYPE[vec.kind]
+        and isinstance(idx, types.Integer)
+    )
+
+
+def _make_load(vec: Vec):
+    def load(typingctx, arr, idx):  # noqa: ANN001
+        if not _check(arr, idx, vec):
+            return None
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            llty = context.get_value_type(vec)
+            return builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1], llty),
+                                align=1)  # fmt: skip
+
+        return vec(arr, idx), codegen
+
+    load.__name__ = f"load_{vec.kind}x{vec.n}"
+    return intrinsic(load)
+
+
+def _make_store(vec: Vec):
+    def store(typingctx, arr, idx, value):  # noqa: ANN001
+        if not _check(arr, idx, vec) or value != vec:
+            return None
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            llty = context.get_value_type(vec)
+            ptr = _vec_ptr(context, builder, sig.args[0], args[0], args[1], llty)
+            builder.store(args[2], ptr, align=1)
+            return context.get_dummy_value()
+
+        return types.void(arr, idx, value), codegen
+
+    store.__name__ = f"store_{vec.kind}x{vec.n}"
+    return intrinsic(store)
+
+
+load_u8x64, load_i8x64 = _make_load(U8x64), _make_load(I8x64)
+load_i32x16, load_f32x16 = _make_load(I32x16), _make_load(F32x16)
+store_u8x64, store_i32x16, store_f32x16 = (
+    _make_store(U8x64), _make_store(I32x16), _make_store(F32x16))  # fmt: skip
+
+
+def _const_vec(elem, values):  # noqa: ANN001
+    return ir.Constant(ir.VectorType(elem, len(values)), list(values))
+
+
+def _splat(builder, value, n: int):  # noqa: ANN001
+    vt = ir.VectorType(value.type, n)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined), _const_vec(_I32, [0] * n))
+
+
+def _dot4_generic(builder, acc, a, b):  # noqa: ANN001
+    """acc + sums of 4 adjacent products a (u8) * b (i8), in portable vector code."""
+    wide = ir.VectorType(_I32, 64)
+    prod = builder.mul(builder.zext(a, wide), builder.sext(b, wide))
+    total = acc
+    for j in range(4):
+        part = builder.shuffle_vector(prod, prod, _const_vec(_I32, range(j, 64, 4)))
+        total = builder.add(total, part)
+    return total
+
+
+@intrinsic
+def dot4(typingctx, acc, a, b):  # noqa: ANN001
+    """acc[l] + sum_{j<4} a[4l+j] * b[4l+j] for unsigned bytes a, signed bytes b."""
+    if (acc, a, b) != (I32x16, U8x64, I8x64):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        if HAS_VNNI:
+            fnty = ir.FunctionType(ir.VectorType(_I32, 16),
+                                   [ir.VectorType(_I32, 16), ir.VectorType(_I8, 64),
+                                    ir.VectorType(_I8, 64)])  # fmt: skip
+            fn = cgutils.get_or_insert_function(builder.module, fnty,
+                                                "llvm.x86.avx512.vpdpbusd.512")  # fmt: skip
+            return builder.call(fn, args)
+        return _dot4_generic(builder, *args)
+
+    return I32x16(I32x16, U8x64, I8x64), codegen
+
+
+@intrinsic
+def neg_shl(typingctx, v, shift):  # noqa: ANN001
+    """-(v << shift) for each int32 lane."""
+    if v != I32x16 or not isinstance(shift, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        s = args[1]
+        s = builder.trunc(s, _I32) if s.type.width > 32 else builder.zext(s, _I32) \
+            if s.type.width < 32 else s  # fmt: skip
+        shifted = builder.shl(args[0], _splat(builder, s, 16))
+        return builder.sub(ir.Constant(shifted.type, None), shifted)
+
+    return I32x16(I32x16, shift), codegen
+
+
+@intrinsic
+def to_f32(typingctx, v):  # noqa: ANN001
+    if v != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return builder.sitofp(args[0], ir.VectorType(_F32, 16))
+
+    return F32x16(I32x16), codegen
+
+
+def _float_binop(name: str, fn):
+    def op(typingctx, a, b):  # noqa: ANN001
+        if (a, b) != (F32x16, F32x16):
+            return None
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            return fn(builder, *args)
+
+        return F32x16(F32x16, F32x16), codegen
+
+    op.__name__ = name
+    return intrinsic(op)
+
+
+fmul = _float_binop("fmul", lambda b, x, y: b.fmul(x, y))
+fadd = _float_binop("fadd", lambda b, x, y: b.fadd(x, y))
+
+
+@intrinsic
+def fma(typingctx, a, b, c):  # noqa: ANN001
+    """a * b + c (contracted to one fused multiply-add where the CPU has it)."""
+    if (a, b, c) != (F32x16, F32x16, F32x16):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        vt = ir.VectorType(_F32, 16)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
+                                            "llvm.fmuladd.v16f32")  # fmt: skip
+        return builder.call(fn, args)
+
+    return F32x16(F32x16, F32x16, F32x16), codegen
+
+
+@intrinsic
+def zeros_f32x16(typingctx):  # noqa: ANN001
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return ir.Constant(ir.VectorType(_F32, 16), None)
+
+    return F32x16(), codegen
+
+
+@intrinsic
+def zeros_i32x16(typingctx):  # noqa: ANN001
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return ir.Constant(ir.VectorType(_I32, 16), None)
+
+    return I32x16(), codegen
+
+
+@intrinsic
+def splat_f32(typingctx, x):  # noqa: ANN001
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return _splat(builder, args[0], 16)
+
+    return F32x16(types.float32), codegen
+
+
+@intrinsic
+def hsum(typingctx, v):  # noqa: ANN001
+    """The sum of the 16 lanes (pairwise halves: the order is fixed, not reassociated)."""
+    if v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        x, n = args[0], 16
+        while n > 1:
+            h = n // 2
+            lo = builder.shuffle_vector(x, x, _const_vec(_I32, range(h)))
+            hi = builder.shuffle_vector(x, x, _const_vec(_I32, range(h, n)))
+            x, n = builder.fadd(lo, hi), h
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+
+    return types.float32(F32x16), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):  # noqa: ANN001
+    """The float32 whose bit pattern is the low 32 bits of an integer."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        v = args[0]
+        if v.type.width > 32:
+            v = builder.trunc(v, _I32)
+        elif v.type.width < 32:
+            v = builder.zext(v, _I32)
+        return builder.bitcast(v, _F32)
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def f32_to_bits(typingctx, x):  # noqa: ANN001
+    """The bit pattern of a float32, as uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return builder.bitcast(args[0], _I32)
+
+    return types.uint32(types.float32), codegen
