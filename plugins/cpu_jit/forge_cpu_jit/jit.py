@@ -103,8 +103,14 @@ BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_
 ROW_BYTES_PER_BLOCK = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22,
                        "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
                        "Q5_K": 176, "Q6_K": 210}  # fmt: skip
-PRODUCT = {t: getattr(gemm, "mm_" + t.lower()) for t in ACT_KIND if ACT_KIND[t].startswith("q8")}
 TYPES = tuple(ACT_KIND)
+
+
+def threads() -> int:
+    """Threads the products use: numba's (NUMBA_NUM_THREADS, default every core)."""
+    import numba
+
+    return numba.get_num_threads()
 
 
 def padded(k: int) -> int:
@@ -118,9 +124,8 @@ def act_buffers(rows: int, k: int, kind: str) -> tuple[np.ndarray, ...]:
     alloc = np.zeros if kp != k else np.empty
     if kind in FLOAT_MODE:
         return (alloc((rows, kp), np.float32),)
-    group = 16 if kind == "q8_k" else 32
     return (alloc((rows, kp), np.int8), alloc((rows, kp // 4), np.float32),
-            alloc((rows, kp // 4), np.int32), alloc((rows, kp // group), np.float32))  # fmt: skip
+            alloc((rows, kp // 4), np.int32), alloc((rows, kp // 4), np.float32))  # fmt: skip
 
 
 def quantize_rows(kind: str, x: np.ndarray, bufs: tuple[np.ndarray, ...], lo: int, hi: int) -> None:
@@ -132,14 +137,15 @@ def quantize_rows(kind: str, x: np.ndarray, bufs: tuple[np.ndarray, ...], lo: in
         quant.round_rows(x, bufs[0], FLOAT_MODE[kind], lo, hi)
 
 
-def product_rows(type_name: str, raw: np.ndarray, bufs: tuple[np.ndarray, ...], out: np.ndarray,
-                 col0: int, n0: int, n1: int) -> None:  # fmt: skip
-    """Weight rows n0..n1 of `raw` by the activations in `bufs`, into out[:, col0 + n0 : ...]."""
+def product(type_name: str, raw: np.ndarray, bufs: tuple[np.ndarray, ...], out: np.ndarray,
+            col0: int, threads: int) -> None:  # fmt: skip
+    """Every weight row of `raw` by the activations in `bufs`, into out[:, col0 : col0 + rows],
+    the rows split over `threads` threads (numba's pool: one fork and join, no GIL)."""
     kind = ACT_KIND[type_name]
     if kind in FLOAT_MODE:
-        gemm.mm_float(raw, FLOAT_MODE[kind], bufs[0], out, col0, n0, n1)
+        gemm.run_float(raw, FLOAT_MODE[kind], bufs[0], out, col0, threads)
     else:
-        PRODUCT[type_name](raw, *bufs, out, col0, n0, n1)
+        gemm.RUN[type_name](raw, *bufs, out, col0, threads)
 
 
 # -- compiling --------------------------------------------------------------------------------
@@ -156,10 +162,11 @@ def _exercise(type_name: str) -> None:
     k = 256 if BLOCK[type_name] == 256 else 64
     row_bytes = k // BLOCK[type_name] * ROW_BYTES_PER_BLOCK[type_name]
     raw = np.frombuffer(bytes(row_bytes * 4), np.uint8).reshape(4, row_bytes)  # read-only
-    x = np.zeros((1, k), np.float32)
-    bufs = act_buffers(1, k, kind)
-    quantize_rows(kind, x, bufs, 0, 1)
-    product_rows(type_name, raw, bufs, np.zeros((1, 4), np.float32), 0, 0, 4)
+    for rows in (1, 2):  # one activation row (decode) and several (prefill, batches)
+        x = np.zeros((rows, k), np.float32)
+        bufs = act_buffers(rows, k, kind)
+        quantize_rows(kind, x, bufs, 0, rows)
+        product(type_name, raw, bufs, np.zeros((rows, 4), np.float32), 0, 1)
 
 
 class _Progress:

@@ -25,11 +25,8 @@ log = logging.getLogger("forge")
 # The types it registers for (F32 stays with NumPy: its float32 matrix is the file's own data).
 TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
-TILE = 16  # gemm.TILE: thread ranges start on whole tiles
-# Below this many multiply-adds a product runs on the calling thread (a hand-over costs more).
-PARALLEL_MIN_MACS = 1 << 18
-# Activation rows rounded per thread when the rows are split (prefill).
-PARALLEL_MIN_ROWS = 8
+# Below this many multiply-adds a product runs on one thread (waking the others costs more).
+PARALLEL_MIN_MACS = 1 << 16
 
 
 class CompiledKernelWarning(UserWarning):
@@ -158,34 +155,20 @@ class JitMatmul:
         if not isinstance(w, BlockWeight | BlockGroup):
             return self._numpy()(x, w)
         from forge_cpu_jit import jit
-        from forge_cpu_simd.threads import run_split, workers
 
         parts = w.parts if isinstance(w, BlockGroup) else [w]
-        offsets = w.offsets if isinstance(w, BlockGroup) else [0, w.n]
+        offsets = w.offsets if isinstance(w, BlockGroup) else (0,)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != parts[0].k:
             raise ValueError(f"activations of shape {x.shape} for a weight of row length "
                              f"{parts[0].k}")  # fmt: skip
-        rows = x.shape[0]
+        rows, k = x.shape
         kind = jit.ACT_KIND[parts[0].type]
-        bufs = jit.act_buffers(rows, x.shape[1], kind)
-        threads = workers()
-        if rows >= PARALLEL_MIN_ROWS and threads > 1:
-            run_split(rows, lambda lo, hi: jit.quantize_rows(kind, x, bufs, lo, hi))
-        else:
-            jit.quantize_rows(kind, x, bufs, 0, rows)
+        bufs = jit.act_buffers(rows, k, kind)
+        jit.quantize_rows(kind, x, bufs, 0, rows)
         out = np.empty((rows, w.n), np.float32)
-        tiles = -(-w.n // TILE)
-
-        def run(t0: int, t1: int) -> None:
-            lo, hi = t0 * TILE, min(t1 * TILE, w.n)
-            for p, start, stop in zip(parts, offsets, offsets[1:]):
-                a, b = max(lo, start), min(hi, stop)
-                if a < b:
-                    jit.product_rows(p.type, p.raw, bufs, out, start, a - start, b - start)
-
-        if threads > 1 and rows * w.n * parts[0].k >= PARALLEL_MIN_MACS and tiles > 1:
-            run_split(tiles, run)
-        else:
-            run(0, tiles)
+        threads = jit.threads()
+        for p, start in zip(parts, offsets):
+            use = threads if rows * p.n * k >= PARALLEL_MIN_MACS else 1
+            jit.product(p.type, p.raw, bufs, out, start, use)
         return out

@@ -5,13 +5,14 @@ padding zero):
 - xq int8 [M, Kp]: the codes;
 - xs float32 [M, Kp/4]: each code's scale, one per lane of 4 codes (`simd.dot4` sums 4 products);
 - xls int32 [M, Kp/4]: the sum of each lane's 4 codes (undoes the offset of unsigned weight codes);
-- xg float32 [M, groups]: the scaled code sums the weights' minimums multiply.
+- xsl float32 [M, Kp/4]: scale times lane sum, what the weights' minimums multiply.
 
 `q8_0_rows` is llama.cpp's x86 quantize_row_q8_0 (scale max|x| / 127 stored as f16, codes
-round-half-even of x * 127 / max|x|) with quantize_row_q8_1's sum term (xg per 32: f16 of d times the
-code sum), for the 32-element types. `q8_k_rows` is quantize_row_q8_K (scale from the signed value of
-largest magnitude, -127 / max, codes min(127, round(x * iscale)), f32 scale 1 / iscale) with its sums
-per 16 (xg per 16: scale times the sum), for the K-quants.
+round-half-even of x * 127 / max|x|), for the 32-element types; for Q4_1/Q5_1 llama.cpp's Q8_1 also
+stores the scaled code sum rounded to f16, which the lanes' float sums here do not round (a
+difference of the order of f16 rounding in the minimum's term). `q8_k_rows` is quantize_row_q8_K
+(scale from the signed value of largest magnitude, -127 / max, codes min(127, round(x * iscale)),
+f32 scale 1 / iscale), for the K-quants.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def round_f16(f):  # noqa: ANN001, ANN201
 
 
 @njit(**_NB)
-def q8_0_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
-    """Rows lo..hi of x as Q8_0 blocks (and Q8_1 sums) into the buffers described above."""
+def q8_0_rows(x, xq, xs, xls, xsl, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of x as Q8_0 blocks into the buffers described above."""
     k = x.shape[1]
     for m in range(lo, hi):
         row = x[m]
@@ -68,22 +69,20 @@ def q8_0_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
             d = amax / np.float32(127.0)
             inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             dh = round_f16(d)
-            total = 0
+            for j in range(32):
+                xq[m, b * 32 + j] = np.int32(np.rint(row[b * 32 + j] * inv))
             for lane in range(8):
                 s = 0
                 for j in range(4):
-                    q = np.int32(np.rint(row[b * 32 + lane * 4 + j] * inv))
-                    xq[m, b * 32 + lane * 4 + j] = q
-                    s += q
+                    s += np.int32(xq[m, b * 32 + lane * 4 + j])
                 xls[m, b * 8 + lane] = s
                 xs[m, b * 8 + lane] = dh
-                total += s
-            xg[m, b] = round_f16(np.float32(total) * d)
+                xsl[m, b * 8 + lane] = dh * np.float32(s)
 
 
 @njit(**_NB)
-def q8_k_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
-    """Rows lo..hi of x as Q8_K blocks into the buffers described above (xg per 16)."""
+def q8_k_rows(x, xq, xs, xls, xsl, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of x as Q8_K blocks into the buffers described above."""
     k = x.shape[1]
     for m in range(lo, hi):
         row = x[m]
@@ -102,24 +101,19 @@ def q8_k_rows(x, xq, xs, xls, xg, lo, hi):  # noqa: ANN001
                 for lane in range(64):
                     xls[m, b * 64 + lane] = 0
                     xs[m, b * 64 + lane] = 0
-                for g in range(16):
-                    xg[m, b * 16 + g] = 0
+                    xsl[m, b * 64 + lane] = 0
                 continue
             iscale = np.float32(-127.0) / peak
             d = np.float32(1.0) / iscale
-            for g in range(16):
-                gs = 0
-                for lane in range(4):
-                    s = 0
-                    for j in range(4):
-                        i = base + g * 16 + lane * 4 + j
-                        q = min(127, np.int32(np.rint(iscale * row[i])))
-                        xq[m, i] = q
-                        s += q
-                    xls[m, b * 64 + g * 4 + lane] = s
-                    xs[m, b * 64 + g * 4 + lane] = d
-                    gs += s
-                xg[m, b * 16 + g] = d * np.float32(gs)
+            for j in range(256):
+                xq[m, base + j] = min(127, np.int32(np.rint(iscale * row[base + j])))
+            for lane in range(64):
+                s = 0
+                for j in range(4):
+                    s += np.int32(xq[m, base + lane * 4 + j])
+                xls[m, b * 64 + lane] = s
+                xs[m, b * 64 + lane] = d
+                xsl[m, b * 64 + lane] = d * np.float32(s)
 
 
 @njit(**_NB)

@@ -286,3 +286,224 @@ def f32_to_bits(typingctx, x):  # noqa: ANN001
         return builder.bitcast(args[0], _I32)
 
     return types.uint32(types.float32), codegen
+
+
+# -- byte vectors: unpacking weight codes in registers -----------------------------------------
+
+U8x16, U8x32 = Vec("u8", 16), Vec("u8", 32)
+load_u8x16, load_u8x32 = _make_load(U8x16), _make_load(U8x32)
+store_u8x32 = _make_store(U8x32)
+
+
+def _is_bytes(v) -> bool:  # noqa: ANN001
+    return isinstance(v, Vec) and v.kind == "u8"
+
+
+def _scalar_i8(builder, value, n: int):  # noqa: ANN001
+    """An integer scalar truncated to a byte and splat over n lanes."""
+    if value.type.width > 8:
+        value = builder.trunc(value, _I8)
+    elif value.type.width < 8:
+        value = builder.zext(value, _I8)
+    return _splat(builder, value, n)
+
+
+def _byte_op(name: str, fn):
+    def op(typingctx, v, s):  # noqa: ANN001
+        if not _is_bytes(v) or not isinstance(s, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            return fn(builder, args[0], _scalar_i8(builder, args[1], sig.args[0].n))
+
+        return v(v, s), codegen
+
+    op.__name__ = name
+    return intrinsic(op)
+
+
+band = _byte_op("band", lambda b, v, s: b.and_(v, s))  # v & s per byte
+bxor = _byte_op("bxor", lambda b, v, s: b.xor(v, s))  # v ^ s
+shr = _byte_op("shr", lambda b, v, s: b.lshr(v, s))  # v >> s (logical; s < 8)
+shl = _byte_op("shl", lambda b, v, s: b.shl(v, s))  # v << s (s < 8)
+
+
+@intrinsic
+def bor(typingctx, a, b):  # noqa: ANN001
+    if not _is_bytes(a) or a != b:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return builder.or_(*args)
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def cat(typingctx, a, b):  # noqa: ANN001
+    """The bytes of a, then those of b."""
+    if not _is_bytes(a) or a != b or a.n not in (16, 32):
+        return None
+    out = Vec("u8", 2 * a.n)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return builder.shuffle_vector(args[0], args[1], _const_vec(_I32, range(2 * a.n)))
+
+    return out(a, b), codegen
+
+
+@intrinsic
+def bits32(typingctx, word):  # noqa: ANN001
+    """32 bytes: byte j is bit j of the (32-bit) integer word, 0 or 1 (with AVX-512 the word is
+    used as a mask register: two instructions)."""
+    if not isinstance(word, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        w = args[0]
+        w = builder.trunc(w, _I32) if w.type.width > 32 else builder.zext(w, _I32) \
+            if w.type.width < 32 else w  # fmt: skip
+        mask = builder.bitcast(w, ir.VectorType(ir.IntType(1), 32))
+        return builder.zext(mask, ir.VectorType(_I8, 32))
+
+    return U8x32(word), codegen
+
+
+@intrinsic
+def zeros_u8x32(typingctx):  # noqa: ANN001
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return ir.Constant(ir.VectorType(_I8, 32), None)
+
+    return U8x32(), codegen
+
+
+def _lanes_of(builder, values, n: int = 16):  # noqa: ANN001
+    """A float vector of n lanes: values[i] repeated n / len(values) times, in order."""
+    k = len(values)
+    small = ir.Constant(ir.VectorType(_F32, k), ir.Undefined)
+    for i, v in enumerate(values):
+        small = builder.insert_element(small, v, ir.Constant(_I32, i))
+    return _spread(builder, small, n)
+
+
+def _spread(builder, small, n: int = 16):  # noqa: ANN001
+    """Each lane of a short vector repeated n / len times, in order (one permute)."""
+    k = small.type.count
+    return builder.shuffle_vector(small, small, _const_vec(_I32, [i * k // n for i in range(n)]))
+
+
+@intrinsic
+def f32x16_2(typingctx, a, b):  # noqa: ANN001
+    """Lanes 0-7 a, 8-15 b."""
+    if (a, b) != (types.float32, types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return _lanes_of(builder, args)
+
+    return F32x16(a, b), codegen
+
+
+@intrinsic
+def f32x16_4(typingctx, a, b, c, d):  # noqa: ANN001
+    """Lanes 0-3 a, 4-7 b, 8-11 c, 12-15 d."""
+    if (a, b, c, d) != (types.float32,) * 4:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        return _lanes_of(builder, args)
+
+    return F32x16(a, b, c, d), codegen
+
+
+def _make_float_load(name: str, width: int, convert):
+    """A load of 16 floats stored as `width`-bit values at byte index i of a uint8 array."""
+
+    def load(typingctx, arr, idx):  # noqa: ANN001
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8
+                and isinstance(idx, types.Integer)):  # fmt: skip
+            return None
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            vt = ir.VectorType(ir.IntType(width), 16)
+            raw = builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1], vt),
+                               align=1)  # fmt: skip
+            return convert(builder, raw)
+
+        return F32x16(arr, idx), codegen
+
+    load.__name__ = name
+    return intrinsic(load)
+
+
+HAS_F16C = "f16c" in host_features()
+
+
+def _f16_vec(builder, raw):  # noqa: ANN001
+    """IEEE halves (<n x i16>) to float32: `vcvtph2ps` where the CPU has F16C, else integer
+    code; both exact for every finite half (subnormals included)."""
+    n = raw.type.count
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), n)),
+                             ir.VectorType(_F32, n))  # fmt: skip
+    i32 = ir.VectorType(_I32, n)
+    wide = builder.zext(raw, i32)
+    mag = builder.shl(builder.and_(wide, _const_vec(_I32, [0x7FFF] * n)),
+                      _const_vec(_I32, [13] * n))  # fmt: skip
+    f = builder.fmul(builder.bitcast(mag, ir.VectorType(_F32, n)),
+                     _const_vec(_F32, [5.192296858534828e33] * n))  # 2**112  # fmt: skip
+    sign = builder.shl(builder.and_(wide, _const_vec(_I32, [0x8000] * n)),
+                       _const_vec(_I32, [16] * n))  # fmt: skip
+    return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), ir.VectorType(_F32, n))
+
+
+def _load_i16(context, builder, arr_type, arr, idx):  # noqa: ANN001
+    ary = context.make_array(arr_type)(context, builder, arr)
+    ptr = builder.bitcast(builder.gep(ary.data, [idx]), ir.IntType(16).as_pointer())
+    return builder.load(ptr, align=1)
+
+
+@intrinsic
+def halves2(typingctx, arr, a, b):  # noqa: ANN001
+    """The f16 at bytes a and b of a uint8 array, as float32 lanes 0-7 and 8-15."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8
+            and isinstance(a, types.Integer) and isinstance(b, types.Integer)):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        small = ir.Constant(ir.VectorType(ir.IntType(16), 2), ir.Undefined)
+        for i, at in enumerate(args[1:]):
+            h = _load_i16(context, builder, sig.args[0], args[0], at)
+            small = builder.insert_element(small, h, ir.Constant(_I32, i))
+        return _spread(builder, _f16_vec(builder, small))
+
+    return F32x16(arr, a, b), codegen
+
+
+def _bf16_vec(builder, raw):  # noqa: ANN001
+    i32 = ir.VectorType(_I32, 16)
+    bits = builder.shl(builder.zext(raw, i32), _const_vec(_I32, [16] * 16))
+    return builder.bitcast(bits, ir.VectorType(_F32, 16))
+
+
+load_f16x16 = _make_float_load("load_f16x16", 16, _f16_vec)
+load_bf16x16 = _make_float_load("load_bf16x16", 16, _bf16_vec)
+load_f32x16_bytes = _make_float_load(
+    "load_f32x16_bytes", 32, lambda b, raw: b.bitcast(raw, ir.VectorType(_F32, 16)))
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):  # noqa: ANN001
+    """Hint the cache line of arr[idx] (a 1-D array) into the caches for reading."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), _I8.as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen

@@ -1,19 +1,19 @@
-"""One GGUF row of each quantized type as the product kernel reads it.
+"""64 weights of a GGUF row at a time, in registers, as the product kernels multiply them.
 
-`unpack_<type>(row, wq, ws, wm)` turns one row's blocks (uint8, as stored in the file) into:
-- wq uint8 [>= K]: each weight's code made unsigned by an offset (`OFFSET_SHIFT`: code - 2**shift is
-  the signed code; no shift for the types whose blocks carry a minimum instead);
-- ws float32 [>= K/4]: the scale of each lane of 4 weights (block or sub-block scale);
-- wm float32 [groups]: minus the minimum of each group of 16 (K-quants) or 32 (Q4_1, Q5_1), which
-  multiplies the activations' scaled group sums (`quant.py`'s xg).
-So a weight is ws * (wq - 2**shift) - wm-term, exactly the value llama.cpp's dot products use.
-Only the tile being multiplied is unpacked, into small buffers that stay in the L1 cache: the
-matrix itself stays in the memory-mapped file.
+`chunk_<type>(row, c)` reads chunk c (weights 64c .. 64c + 63) of one row's blocks (uint8, as
+stored in the file) and returns three vectors:
+- the 64 codes made unsigned (U8x64): the signed code is code - 2**OFFSET_SHIFT[type] (no offset
+  for the types whose blocks carry a minimum instead);
+- the scale of each lane of 4 weights (F32x16): the block or sub-block scale;
+- for the types with minimums, minus the minimum of each lane's group (F32x16), which multiplies
+  the activations' scaled lane sums; zeros otherwise.
+So weight = scale * (code - 2**shift) (+ lane minimum), the values llama.cpp's dot products use.
+A chunk past the last block of a 32-element type (row length an odd number of 32s) is zeros.
 
-Block layouts (byte offsets) are those of ggml: Q4_0 d qs[16]; Q4_1 d m qs[16]; Q5_0 d qh[4]
-qs[16]; Q5_1 d m qh[4] qs[16]; Q8_0 d qs[32]; Q2_K scales[16]@0 qs[64]@16 d@80 dmin@82; Q3_K
-hmask[32]@0 qs[64]@32 scales[12]@96 d@108; Q4_K d@0 dmin@2 scales[12]@4 qs[128]@16; Q5_K d@0
-dmin@2 scales[12]@4 qh[32]@16 qs[128]@48; Q6_K ql[128]@0 qh[64]@128 scales[16]@192 d@208.
+Block layouts (byte offsets) are ggml's: Q4_0 d qs[16]; Q4_1 d m qs[16]; Q5_0 d qh[4] qs[16];
+Q5_1 d m qh[4] qs[16]; Q8_0 d qs[32]; Q2_K scales[16]@0 qs[64]@16 d@80 dmin@82; Q3_K hmask[32]@0
+qs[64]@32 scales[12]@96 d@108; Q4_K d@0 dmin@2 scales[12]@4 qs[128]@16; Q5_K d@0 dmin@2
+scales[12]@4 qh[32]@16 qs[128]@48; Q6_K ql[128]@0 qh[64]@128 scales[16]@192 d@208.
 """
 
 from __future__ import annotations
@@ -22,215 +22,203 @@ import numpy as np
 from numba import njit
 
 from forge_cpu_jit.quant import f16_to_f32
-from forge_cpu_jit.simd import bits_to_f32
+from forge_cpu_jit.simd import (
+    band,
+    bits32,
+    bor,
+    bxor,
+    cat,
+    f32x16_2,
+    f32x16_4,
+    halves2,
+    load_u8x16,
+    load_u8x32,
+    shl,
+    shr,
+    zeros_f32x16,
+    zeros_u8x32,
+)
 
-_NB = {"nogil": True, "cache": True, "error_model": "numpy", "inline": "always"}
+_INLINE = {"nogil": True, "cache": True, "error_model": "numpy", "inline": "always"}
 
-# log2 of the offset added to make codes unsigned; -1: none (the block has a minimum instead)
+# log2 of the offset that makes codes unsigned; -1: none (the block has a minimum instead)
 OFFSET_SHIFT = {"Q4_0": 3, "Q4_1": -1, "Q5_0": 4, "Q5_1": -1, "Q8_0": 7,
                 "Q2_K": -1, "Q3_K": 2, "Q4_K": -1, "Q5_K": -1, "Q6_K": 5}  # fmt: skip
-# weights per group of wm (0: no minimums)
-MIN_GROUP = {"Q4_0": 0, "Q4_1": 32, "Q5_0": 0, "Q5_1": 32, "Q8_0": 0,
-             "Q2_K": 16, "Q3_K": 0, "Q4_K": 16, "Q5_K": 16, "Q6_K": 0}  # fmt: skip
+HAS_MIN = {t: s < 0 for t, s in OFFSET_SHIFT.items()}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
+               "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # fmt: skip
 
 
-@njit(**_NB)
+@njit(**_INLINE)
 def _half(row, at):  # noqa: ANN001, ANN202
     return f16_to_f32(np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8)))
 
 
-@njit(**_NB)
+@njit(**_INLINE)
 def _u32(row, at):  # noqa: ANN001, ANN202
-    return (np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
-            | (np.uint32(row[at + 2]) << np.uint32(16)) | (np.uint32(row[at + 3]) << np.uint32(24)))  # fmt: skip
+    lo = np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
+    return lo | (np.uint32(row[at + 2]) << np.uint32(16)) | (np.uint32(row[at + 3]) << np.uint32(24))
 
 
-@njit(**_NB)
-def _lanes(ws, lane0, n, value):  # noqa: ANN001, ANN202
-    for i in range(n):
-        ws[lane0 + i] = value
+@njit(**_INLINE)
+def _nibbles(row, at):  # noqa: ANN001, ANN202
+    """32 codes of a 4-bit block: the low nibbles of its 16 bytes, then the high ones."""
+    q = load_u8x16(row, at)
+    return cat(band(q, 15), shr(q, 4))
 
 
-@njit(**_NB)
-def unpack_q4_0(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 18):
-        o = b * 18
-        _lanes(ws, b * 8, 8, _half(row, o))
-        for j in range(16):
-            v = row[o + 2 + j]
-            wq[b * 32 + j] = v & 15
-            wq[b * 32 + 16 + j] = v >> 4
+@njit(**_INLINE)
+def _fifth_bits(row, at):  # noqa: ANN001, ANN202
+    """Bit j of the 32-bit qh field at byte `at`, as 16 (the fifth bit of weight j) or 0."""
+    return shl(bits32(_u32(row, at)), 4)
 
 
-@njit(**_NB)
-def unpack_q4_1(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 20):
-        o = b * 20
-        _lanes(ws, b * 8, 8, _half(row, o))
-        wm[b] = _half(row, o + 2)
-        for j in range(16):
-            v = row[o + 4 + j]
-            wq[b * 32 + j] = v & 15
-            wq[b * 32 + 16 + j] = v >> 4
+# -- 32-element blocks: a chunk is two blocks ----------------------------------------------------
 
 
-@njit(**_NB)
-def unpack_q5_0(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 22):
-        o = b * 22
-        _lanes(ws, b * 8, 8, _half(row, o))
-        qh = _u32(row, o + 2)
-        for j in range(16):
-            v = row[o + 6 + j]
-            wq[b * 32 + j] = (v & 15) | (((qh >> j) & 1) << 4)
-            wq[b * 32 + 16 + j] = (v >> 4) | (((qh >> (j + 16)) & 1) << 4)
+@njit(**_INLINE)
+def chunk_q4_0(row, c):  # noqa: ANN001, ANN201
+    o = 2 * c * 18
+    lo = _nibbles(row, o + 2)
+    if o + 36 <= row.shape[0]:
+        return cat(lo, _nibbles(row, o + 20)), halves2(row, o, o + 18), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
 
 
-@njit(**_NB)
-def unpack_q5_1(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 24):
-        o = b * 24
-        _lanes(ws, b * 8, 8, _half(row, o))
-        wm[b] = _half(row, o + 2)
-        qh = _u32(row, o + 4)
-        for j in range(16):
-            v = row[o + 8 + j]
-            wq[b * 32 + j] = (v & 15) | (((qh >> j) & 1) << 4)
-            wq[b * 32 + 16 + j] = (v >> 4) | (((qh >> (j + 16)) & 1) << 4)
+@njit(**_INLINE)
+def chunk_q4_1(row, c):  # noqa: ANN001, ANN201
+    o = 2 * c * 20
+    lo = _nibbles(row, o + 4)
+    if o + 40 <= row.shape[0]:
+        return (cat(lo, _nibbles(row, o + 24)), halves2(row, o, o + 20),
+                halves2(row, o + 2, o + 22))  # fmt: skip
+    zero = np.float32(0.0)
+    return (cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), zero),
+            f32x16_2(_half(row, o + 2), zero))  # fmt: skip
 
 
-@njit(**_NB)
-def unpack_q8_0(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 34):
-        o = b * 34
-        _lanes(ws, b * 8, 8, _half(row, o))
-        for j in range(32):
-            wq[b * 32 + j] = row[o + 2 + j] ^ 0x80
+@njit(**_INLINE)
+def chunk_q5_0(row, c):  # noqa: ANN001, ANN201
+    o = 2 * c * 22
+    lo = bor(_nibbles(row, o + 6), _fifth_bits(row, o + 2))
+    if o + 44 <= row.shape[0]:
+        hi = bor(_nibbles(row, o + 28), _fifth_bits(row, o + 24))
+        return cat(lo, hi), halves2(row, o, o + 22), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
 
 
-@njit(**_NB)
-def unpack_q2_k(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 84):
-        o, w0, g0 = b * 84, b * 256, b * 16
-        d, dmin = _half(row, o + 80), _half(row, o + 82)
-        for g in range(16):
-            sc = row[o + g]
-            _lanes(ws, (w0 >> 2) + g * 4, 4, d * np.float32(sc & 15))
-            wm[g0 + g] = -(dmin * np.float32(sc >> 4))
-        for n in range(2):
-            for j in range(4):
-                for k in range(32):
-                    wq[w0 + 128 * n + 32 * j + k] = (row[o + 16 + 32 * n + k] >> (2 * j)) & 3
+@njit(**_INLINE)
+def chunk_q5_1(row, c):  # noqa: ANN001, ANN201
+    o = 2 * c * 24
+    lo = bor(_nibbles(row, o + 8), _fifth_bits(row, o + 4))
+    if o + 48 <= row.shape[0]:
+        hi = bor(_nibbles(row, o + 32), _fifth_bits(row, o + 28))
+        return cat(lo, hi), halves2(row, o, o + 24), halves2(row, o + 2, o + 26)
+    zero = np.float32(0.0)
+    return (cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), zero),
+            f32x16_2(_half(row, o + 2), zero))  # fmt: skip
 
 
-@njit(**_NB)
-def _scales_q3_k(row, o, d, ws, lane0):  # noqa: ANN001, ANN202
-    a, bb, c = _u32(row, o + 96), _u32(row, o + 100), _u32(row, o + 104)
-    for i in range(4):
-        low = a if i % 2 == 0 else bb
-        shift = 0 if i < 2 else 4
-        word = ((low >> shift) & np.uint32(0x0F0F0F0F)) | (
-            ((c >> (2 * i)) & np.uint32(0x03030303)) << np.uint32(4))
-        for byte in range(4):
-            sc = np.int32((word >> np.uint32(8 * byte)) & np.uint32(0xFF)) - 32
-            _lanes(ws, lane0 + (i * 4 + byte) * 4, 4, d * np.float32(sc))
+@njit(**_INLINE)
+def chunk_q8_0(row, c):  # noqa: ANN001, ANN201
+    o = 2 * c * 34
+    lo = bxor(load_u8x32(row, o + 2), 0x80)
+    if o + 68 <= row.shape[0]:
+        hi = bxor(load_u8x32(row, o + 36), 0x80)
+        return cat(lo, hi), halves2(row, o, o + 34), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
 
 
-@njit(**_NB)
-def unpack_q3_k(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 110):
-        o, w0 = b * 110, b * 256
-        _scales_q3_k(row, o, _half(row, o + 108), ws, w0 >> 2)
-        for n in range(2):
-            for j in range(4):
-                bit = 4 * n + j
-                for k in range(32):
-                    low = (row[o + 32 + 32 * n + k] >> (2 * j)) & 3
-                    high = (row[o + k] >> bit) & 1  # set: no -4
-                    wq[w0 + 128 * n + 32 * j + k] = low + 4 * high
+# -- K-quants: a chunk is a quarter of a 256-weight super-block --------------------------------
 
 
-@njit(**_NB)
+@njit(**_INLINE)
+def chunk_q2_k(row, c):  # noqa: ANN001, ANN201
+    o, q = (c >> 2) * 84, c & 3
+    n, j = q >> 1, 2 * (q & 1)  # weight 128 n + 32 j + l is bits 2j of qs[32 n + l]
+    bits = load_u8x32(row, o + 16 + 32 * n)
+    codes = cat(band(shr(bits, 2 * j), 3), band(shr(bits, 2 * j + 2), 3))
+    d, dmin = _half(row, o + 80), _half(row, o + 82)
+    g = o + 4 * q  # the scales of sub-blocks 4q .. 4q + 3 (16 weights each)
+    s0, s1, s2, s3 = row[g], row[g + 1], row[g + 2], row[g + 3]
+    scales = f32x16_4(d * np.float32(s0 & 15), d * np.float32(s1 & 15),
+                      d * np.float32(s2 & 15), d * np.float32(s3 & 15))  # fmt: skip
+    mins = f32x16_4(-dmin * np.float32(s0 >> 4), -dmin * np.float32(s1 >> 4),
+                    -dmin * np.float32(s2 >> 4), -dmin * np.float32(s3 >> 4))  # fmt: skip
+    return codes, scales, mins
+
+
+@njit(**_INLINE)
+def _scale_q3_k(row, o, g):  # noqa: ANN001, ANN202
+    """Signed 6-bit scale of sub-block g (0..15) of a Q3_K block at byte o."""
+    low = (row[o + 96 + (g & 7)] >> (4 * (g >> 3))) & 15
+    high = (row[o + 104 + (g & 3)] >> (2 * (g >> 2))) & 3
+    return np.float32(np.int32(low | (high << 4)) - 32)
+
+
+@njit(**_INLINE)
+def chunk_q3_k(row, c):  # noqa: ANN001, ANN201
+    o, q = (c >> 2) * 110, c & 3
+    n, j = q >> 1, 2 * (q & 1)
+    low = load_u8x32(row, o + 32 + 32 * n)
+    high = load_u8x32(row, o)  # bit 4n + j of hmask[l]: set means no -4
+    a = bor(band(shr(low, 2 * j), 3), shl(band(shr(high, 4 * n + j), 1), 2))
+    b = bor(band(shr(low, 2 * j + 2), 3), shl(band(shr(high, 4 * n + j + 1), 1), 2))
+    d = _half(row, o + 108)
+    g = 4 * q
+    scales = f32x16_4(d * _scale_q3_k(row, o, g), d * _scale_q3_k(row, o, g + 1),
+                      d * _scale_q3_k(row, o, g + 2), d * _scale_q3_k(row, o, g + 3))  # fmt: skip
+    return cat(a, b), scales, zeros_f32x16()
+
+
+@njit(**_INLINE)
 def _scale_min_k4(row, o, j):  # noqa: ANN001, ANN202
-    """Scale and minimum (6-bit) of sub-block j of a Q4_K/Q5_K block at byte o."""
+    """6-bit scale and minimum of sub-block j of a Q4_K/Q5_K block at byte o."""
     q = o + 4
     if j < 4:
-        return row[q + j] & 63, row[q + j + 4] & 63
-    sc = (row[q + j + 4] & 0xF) | ((row[q + j - 4] >> 6) << 4)
+        return np.float32(row[q + j] & 63), np.float32(row[q + j + 4] & 63)
+    sc = (row[q + j + 4] & 15) | ((row[q + j - 4] >> 6) << 4)
     m = (row[q + j + 4] >> 4) | ((row[q + j] >> 6) << 4)
-    return sc, m
+    return np.float32(sc), np.float32(m)
 
 
-@njit(**_NB)
-def _k4_scales(row, o, w0, ws, wm):  # noqa: ANN001, ANN202
+@njit(**_INLINE)
+def _k4_scales(row, o, j):  # noqa: ANN001, ANN202
     d, dmin = _half(row, o), _half(row, o + 2)
-    for j in range(8):
-        sc, m = _scale_min_k4(row, o, j)
-        _lanes(ws, (w0 >> 2) + j * 8, 8, d * np.float32(sc))
-        mv = -(dmin * np.float32(m))
-        wm[(w0 >> 4) + 2 * j] = mv
-        wm[(w0 >> 4) + 2 * j + 1] = mv
+    sc0, m0 = _scale_min_k4(row, o, 2 * j)
+    sc1, m1 = _scale_min_k4(row, o, 2 * j + 1)
+    return f32x16_2(d * sc0, d * sc1), f32x16_2(-dmin * m0, -dmin * m1)
 
 
-@njit(**_NB)
-def unpack_q4_k(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 144):
-        o, w0 = b * 144, b * 256
-        _k4_scales(row, o, w0, ws, wm)
-        for j in range(4):
-            for k in range(32):
-                v = row[o + 16 + 32 * j + k]
-                wq[w0 + 64 * j + k] = v & 15
-                wq[w0 + 64 * j + 32 + k] = v >> 4
+@njit(**_INLINE)
+def chunk_q4_k(row, c):  # noqa: ANN001, ANN201
+    o, j = (c >> 2) * 144, c & 3  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+    q = load_u8x32(row, o + 16 + 32 * j)
+    scales, mins = _k4_scales(row, o, j)
+    return cat(band(q, 15), shr(q, 4)), scales, mins
 
 
-@njit(**_NB)
-def unpack_q5_k(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 176):
-        o, w0 = b * 176, b * 256
-        _k4_scales(row, o, w0, ws, wm)
-        for j in range(4):
-            for k in range(32):
-                v = row[o + 48 + 32 * j + k]
-                h = row[o + 16 + k]
-                wq[w0 + 64 * j + k] = (v & 15) | (((h >> (2 * j)) & 1) << 4)
-                wq[w0 + 64 * j + 32 + k] = (v >> 4) | (((h >> (2 * j + 1)) & 1) << 4)
+@njit(**_INLINE)
+def chunk_q5_k(row, c):  # noqa: ANN001, ANN201
+    o, j = (c >> 2) * 176, c & 3
+    q = load_u8x32(row, o + 48 + 32 * j)
+    h = load_u8x32(row, o + 16)  # bit 2j / 2j + 1 of qh[l]: the fifth bit
+    lo = bor(band(q, 15), shl(band(shr(h, 2 * j), 1), 4))
+    hi = bor(shr(q, 4), shl(band(shr(h, 2 * j + 1), 1), 4))
+    scales, mins = _k4_scales(row, o, j)
+    return cat(lo, hi), scales, mins
 
 
-@njit(**_NB)
-def unpack_q6_k(row, wq, ws, wm):  # noqa: ANN001
-    for b in range(row.shape[0] // 210):
-        o, w0 = b * 210, b * 256
-        d = _half(row, o + 208)
-        for g in range(16):
-            sc = np.int8(row[o + 192 + g])
-            _lanes(ws, (w0 >> 2) + g * 4, 4, d * np.float32(sc))
-        for n in range(2):
-            for k in range(32):
-                lo0 = row[o + 64 * n + k]
-                lo1 = row[o + 64 * n + 32 + k]
-                h = row[o + 128 + 32 * n + k]
-                base = w0 + 128 * n + k
-                wq[base] = (lo0 & 15) | ((h & 3) << 4)
-                wq[base + 32] = (lo1 & 15) | (((h >> 2) & 3) << 4)
-                wq[base + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
-                wq[base + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
-
-
-@njit(**_NB)
-def unpack_f16(row, wf):  # noqa: ANN001
-    for i in range(row.shape[0] // 2):
-        wf[i] = f16_to_f32(np.uint32(row[2 * i]) | (np.uint32(row[2 * i + 1]) << np.uint32(8)))
-
-
-@njit(**_NB)
-def unpack_bf16(row, wf):  # noqa: ANN001
-    for i in range(row.shape[0] // 2):
-        wf[i] = bits_to_f32((np.uint32(row[2 * i]) << np.uint32(16))
-                            | (np.uint32(row[2 * i + 1]) << np.uint32(24)))  # fmt: skip
-
-
-@njit(**_NB)
-def unpack_f32(row, wf):  # noqa: ANN001
-    for i in range(row.shape[0] // 4):
-        wf[i] = bits_to_f32(_u32(row, 4 * i))
+@njit(**_INLINE)
+def chunk_q6_k(row, c):  # noqa: ANN001, ANN201
+    o, q = (c >> 2) * 210, c & 3
+    n, s = q >> 1, 4 * (q & 1)  # weights 128 n + 64 (q & 1) + 0..63
+    lo0, lo1 = load_u8x32(row, o + 64 * n), load_u8x32(row, o + 64 * n + 32)
+    h = load_u8x32(row, o + 128 + 32 * n)
+    a = bor(band(shr(lo0, s), 15), shl(band(shr(h, s), 3), 4))
+    b = bor(band(shr(lo1, s), 15), shl(band(shr(h, s + 2), 3), 4))
+    d = _half(row, o + 208)
+    g = o + 192 + 4 * q
+    scales = f32x16_4(d * np.float32(np.int8(row[g])), d * np.float32(np.int8(row[g + 1])),
+                      d * np.float32(np.int8(row[g + 2])), d * np.float32(np.int8(row[g + 3])))  # fmt: skip
+    return cat(a, b), scales, zeros_f32x16()
