@@ -25,10 +25,14 @@ run `python -m forge_cpu_jit.gemm` to rewrite them.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit
 
-from forge_cpu_jit.quant import f16_to_f32
+from forge_cpu_jit.quant import f16_to_f32, q8_0_rows, q8_k_rows, round_rows
 from forge_cpu_jit.simd import (
+    as_f32_ptr,
+    as_i8_ptr,
+    as_i32_ptr,
+    as_u8_ptr,
     bits_to_f32,
     dot4,
     fma,
@@ -384,17 +388,19 @@ def mv_q4_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q4_0(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q4_0 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q4_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q4_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q4_0(args, lo, hi):  # noqa: ANN001
+    """Q4_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q4_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q4_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -447,17 +453,19 @@ def mv_q4_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q4_1(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q4_1 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q4_1(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q4_1(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q4_1(args, lo, hi):  # noqa: ANN001
+    """Q4_1 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q4_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q4_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -508,17 +516,19 @@ def mv_q5_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q5_0(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q5_0 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q5_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q5_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q5_0(args, lo, hi):  # noqa: ANN001
+    """Q5_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q5_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q5_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -571,17 +581,19 @@ def mv_q5_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q5_1(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q5_1 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q5_1(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q5_1(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q5_1(args, lo, hi):  # noqa: ANN001
+    """Q5_1 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q5_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q5_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -632,17 +644,19 @@ def mv_q8_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q8_0(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q8_0 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q8_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q8_0(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q8_0(args, lo, hi):  # noqa: ANN001
+    """Q8_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q8_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q8_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -695,17 +709,19 @@ def mv_q2_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q2_k(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q2_K weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q2_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q2_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q2_k(args, lo, hi):  # noqa: ANN001
+    """Q2_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q2_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q2_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -756,17 +772,19 @@ def mv_q3_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q3_k(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q3_K weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q3_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q3_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q3_k(args, lo, hi):  # noqa: ANN001
+    """Q3_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q3_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q3_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -819,17 +837,19 @@ def mv_q4_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q4_k(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q4_K weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q4_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q4_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q4_k(args, lo, hi):  # noqa: ANN001
+    """Q4_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q4_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q4_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -882,17 +902,19 @@ def mv_q5_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q5_k(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q5_K weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q5_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q5_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q5_k(args, lo, hi):  # noqa: ANN001
+    """Q5_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q5_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q5_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
 @njit(**_NB)
@@ -943,20 +965,22 @@ def mv_q6_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
         out[0, col0 + n] = hsum(acc)
 
 
-@njit(parallel=True, **_NB)
-def run_q6_k(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001
-    """All Q6_K weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo and xq.shape[0] == 1:
-            mv_q6_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
-        elif hi > lo:
-            mm_q6_k(raw, xq, xs, xls, xsl, out, col0, lo, hi)
+def entry_q6_k(args, lo, hi):  # noqa: ANN001
+    """Q6_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
+    a = carray(args, 12)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
+    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
+    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
+    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
+    if a[4] == 1:
+        mv_q6_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
+    else:
+        mm_q6_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
 
 
-RUN = {"Q4_0": run_q4_0, "Q4_1": run_q4_1, "Q5_0": run_q5_0, "Q5_1": run_q5_1, "Q8_0": run_q8_0, "Q2_K": run_q2_k, "Q3_K": run_q3_k, "Q4_K": run_q4_k, "Q5_K": run_q5_k, "Q6_K": run_q6_k}
+ENTRIES = {"Q4_0": entry_q4_0, "Q4_1": entry_q4_1, "Q5_0": entry_q5_0, "Q5_1": entry_q5_1, "Q8_0": entry_q8_0, "Q2_K": entry_q2_k, "Q3_K": entry_q3_k, "Q4_K": entry_q4_k, "Q5_K": entry_q5_k, "Q6_K": entry_q6_k}
 # GENERATED: end
 
 
@@ -1007,15 +1031,50 @@ def mm_float(raw, kind, xf, out, col0, n0, n1):  # noqa: ANN001
                 out[m, col0 + t + r] = ot[m, r]
 
 
-@njit(parallel=True, **_NB)
-def run_float(raw, kind, xf, out, col0, threads):  # noqa: ANN001
-    """All F32/F16/BF16 weight rows, split over `threads` threads in whole tiles."""
-    n = raw.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    for i in prange(threads):
-        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)
-        if hi > lo:
-            mm_float(raw, kind, xf, out, col0, lo, hi)
+def entry_float(args, lo, hi):  # noqa: ANN001
+    """F32/F16/BF16 weight rows lo..hi of the product described by `args` (`FLOAT_ARGS`)."""
+    a = carray(args, 10)
+    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
+    xf = carray(as_f32_ptr(a[4]), (a[5], a[6]))
+    out = carray(as_f32_ptr(a[7]), (a[5], a[8]))
+    mm_float(raw, a[3], xf, out, a[9], lo, hi)
+
+
+def entry_act_q8_0(args, lo, hi):  # noqa: ANN001
+    """Activation rows lo..hi rounded to Q8_0 (`QUANT_ARGS`)."""
+    a = carray(args, 8)
+    x = carray(as_f32_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[1], a[4]))
+    xs = carray(as_f32_ptr(a[5]), (a[1], a[4] // 4))
+    xls = carray(as_i32_ptr(a[6]), (a[1], a[4] // 4))
+    xsl = carray(as_f32_ptr(a[7]), (a[1], a[4] // 4))
+    q8_0_rows(x, xq, xs, xls, xsl, lo, hi)
+
+
+def entry_act_q8_k(args, lo, hi):  # noqa: ANN001
+    """Activation rows lo..hi rounded to Q8_K (`QUANT_ARGS`)."""
+    a = carray(args, 8)
+    x = carray(as_f32_ptr(a[0]), (a[1], a[2]))
+    xq = carray(as_i8_ptr(a[3]), (a[1], a[4]))
+    xs = carray(as_f32_ptr(a[5]), (a[1], a[4] // 4))
+    xls = carray(as_i32_ptr(a[6]), (a[1], a[4] // 4))
+    xsl = carray(as_f32_ptr(a[7]), (a[1], a[4] // 4))
+    q8_k_rows(x, xq, xs, xls, xsl, lo, hi)
+
+
+def entry_act_round(args, lo, hi):  # noqa: ANN001
+    """Activation rows lo..hi rounded to f16 / bf16 or kept (`ROUND_ARGS`)."""
+    a = carray(args, 6)
+    x = carray(as_f32_ptr(a[0]), (a[1], a[2]))
+    xf = carray(as_f32_ptr(a[3]), (a[1], a[4]))
+    round_rows(x, xf, a[5], lo, hi)
+
+
+# What each entry's int64 args hold (addresses, then sizes):
+ENTRY_ARGS = "raw, rows, row bytes, xq, M, Kp, xs, xls, xsl, out, out columns, column 0"
+FLOAT_ARGS = "raw, rows, row bytes, kind, xf, M, Kp, out, out columns, column 0"
+QUANT_ARGS = "x, M, K, xq, Kp, xs, xls, xsl"
+ROUND_ARGS = "x, M, K, xf, Kp, mode"
 
 
 # -- the generator ---------------------------------------------------------------------------
@@ -1136,20 +1195,22 @@ def _row_driver(t: str) -> list[str]:
     return lines + ["", ""]
 
 
-def _parallel_driver(t: str) -> list[str]:
+def _entry(t: str) -> list[str]:
     low = t.lower()
     return [
-        "@njit(parallel=True, **_NB)",
-        f"def run_{low}(raw, xq, xs, xls, xsl, out, col0, threads):  # noqa: ANN001",
-        f'    """All {t} weight rows, split over `threads` threads in whole tiles."""',
-        "    n = raw.shape[0]",
-        "    tiles = (n + TILE - 1) // TILE",
-        "    for i in prange(threads):",
-        "        lo, hi = min(n, tiles * i // threads * TILE), min(n, tiles * (i + 1) // threads * TILE)",
-        "        if hi > lo and xq.shape[0] == 1:",
-        f"            mv_{low}(raw, xq, xs, xls, xsl, out, col0, lo, hi)",
-        "        elif hi > lo:",
-        f"            mm_{low}(raw, xq, xs, xls, xsl, out, col0, lo, hi)",
+        f"def entry_{low}(args, lo, hi):  # noqa: ANN001",
+        f'    """{t} weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""',
+        "    a = carray(args, 12)",
+        "    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))",
+        "    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))",
+        "    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))",
+        "    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))",
+        "    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))",
+        "    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))",
+        "    if a[4] == 1:",
+        f"        mv_{low}(raw, xq, xs, xls, xsl, out, a[11], lo, hi)",
+        "    else:",
+        f"        mm_{low}(raw, xq, xs, xls, xsl, out, a[11], lo, hi)",
         "", "",
     ]  # fmt: skip
 
@@ -1160,8 +1221,8 @@ def _generate() -> str:  # pragma: no cover - a development tool
         for mr in (4, 1):
             out += _micro(kind, mr, 4)
     for t in INT_TYPES:
-        out += _tile_driver(t) + _row_driver(t) + _parallel_driver(t)
-    out.append("RUN = {" + ", ".join(f'"{t}": run_{t.lower()}' for t in INT_TYPES) + "}")
+        out += _tile_driver(t) + _row_driver(t) + _entry(t)
+    out.append("ENTRIES = {" + ", ".join(f'"{t}": entry_{t.lower()}' for t in INT_TYPES) + "}")
     return "\n".join(out)
 
 

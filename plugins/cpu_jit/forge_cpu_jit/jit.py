@@ -8,6 +8,7 @@ need, by running each function once on tiny inputs of the exact argument types t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -53,6 +54,21 @@ def _choose_cache_dir() -> Path:
 CACHE_DIR = _choose_cache_dir()
 
 
+@functools.lru_cache(maxsize=1)
+def _sources_digest() -> str:
+    """A digest of every source file of this package: numba checks only the file of the function
+    it caches, while the kernels inline code from the other modules (and a new numba or llvmlite
+    must not reuse old code either)."""
+    import llvmlite
+    import numba
+
+    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__}".encode())
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:20]
+
+
 def _install_locator() -> None:
     """numba caches the functions of this package in CACHE_DIR, never beside the installed
     sources (which may be read-only, or shared by several users)."""
@@ -65,8 +81,7 @@ def _install_locator() -> None:
         def __init__(self, py_func, py_file):  # noqa: ANN001
             self._py_file = py_file
             self._lineno = py_func.__code__.co_firstlineno
-            digest = hashlib.sha1(str(Path(py_file).parent).encode()).hexdigest()[:16]
-            self._cache_path = str(CACHE_DIR / digest)
+            self._cache_path = str(CACHE_DIR / _sources_digest())
 
         def get_cache_path(self) -> str:
             return self._cache_path
@@ -89,7 +104,10 @@ _install_locator()
 
 import numpy as np  # noqa: E402
 
-from forge_cpu_jit import gemm, quant  # noqa: E402
+from numba import cfunc, types  # noqa: E402
+
+from forge_cpu_jit import gemm, pool  # noqa: E402
+from forge_cpu_jit.pool import get_pool  # noqa: E402
 
 # The activation rounding each weight type's products use (llama.cpp's vec_dot partner type).
 ACT_KIND = {
@@ -104,13 +122,6 @@ ROW_BYTES_PER_BLOCK = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18, "Q4_1": 20, "Q
                        "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
                        "Q5_K": 176, "Q6_K": 210}  # fmt: skip
 TYPES = tuple(ACT_KIND)
-
-
-def threads() -> int:
-    """Threads the products use: numba's (NUMBA_NUM_THREADS, default every core)."""
-    import numba
-
-    return numba.get_num_threads()
 
 
 def padded(k: int) -> int:
@@ -128,24 +139,119 @@ def act_buffers(rows: int, k: int, kind: str) -> tuple[np.ndarray, ...]:
             alloc((rows, kp // 4), np.int32), alloc((rows, kp // 4), np.float32))  # fmt: skip
 
 
-def quantize_rows(kind: str, x: np.ndarray, bufs: tuple[np.ndarray, ...], lo: int, hi: int) -> None:
-    if kind == "q8_0":
-        quant.q8_0_rows(x, *bufs, lo, hi)
-    elif kind == "q8_k":
-        quant.q8_k_rows(x, *bufs, lo, hi)
-    else:
-        quant.round_rows(x, bufs[0], FLOAT_MODE[kind], lo, hi)
+_ENTRY_SIG = types.void(types.CPointer(types.int64), types.int64, types.int64)
+_entries: dict[str, int] = {}  # name -> address of the compiled entry
+_TILE = gemm.TILE
+PARALLEL_MIN_MACS = 1 << 16  # smaller products run on the calling thread alone
+
+
+def _entry(name: str) -> int:
+    """The address of a compiled entry of gemm.py (compiled, or loaded from the cache, once)."""
+    addr = _entries.get(name)
+    if addr is None:
+        fn = cfunc(_ENTRY_SIG, nopython=True, cache=True)(getattr(gemm, "entry_" + name))
+        addr = _entries[name] = fn.address
+        _keep.append(fn)
+    return addr
+
+
+_keep: list = []  # the compiled entries stay alive as long as the process
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class Activations:
+    """One thread's activation buffers for one (rows, K, kind), reused call after call, with
+    the argument arrays of its quantizer and of each weight it multiplies (only the
+    addresses of x and of the output change from call to call)."""
+
+    def __init__(self, rows: int, k: int, kind: str, bufs: tuple[np.ndarray, ...] | None = None):
+        self.rows, self.k, self.kind = rows, k, kind
+        self.bufs = b = bufs if bufs is not None else act_buffers(rows, k, kind)
+        if kind in FLOAT_MODE:
+            self.qargs = np.array([0, rows, k, _addr(b[0]), b[0].shape[1], FLOAT_MODE[kind]],
+                                  np.int64)  # fmt: skip
+            self.qentry = _entry("act_round")
+        else:
+            self.qargs = np.array([0, rows, k, _addr(b[0]), b[0].shape[1], _addr(b[1]),
+                                   _addr(b[2]), _addr(b[3])], np.int64)  # fmt: skip
+            self.qentry = _entry("act_" + kind)
+        self._qaddr = self.qargs.ctypes.data
+        self._weights: dict[int, tuple[np.ndarray, int, int, int]] = {}
+
+    def quantize(self, x: np.ndarray) -> None:
+        """Round x (float32 [rows, K], C-contiguous) into the buffers."""
+        self.qargs[0] = _addr(x)
+        if self.rows >= 8:
+            p = get_pool()
+            p.run(self.qentry, self.qargs, self.rows, max(1, self.rows // (2 * p.threads)))
+        else:
+            pool.run_inline(self.qentry, self._qaddr, self.rows)
+
+    def _args(self, type_name: str, raw: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+        key = id(raw)
+        found = self._weights.get(key)
+        if found is not None and found[3] is raw:
+            return found
+        b, rows = self.bufs, raw.shape[0]
+        if ACT_KIND[type_name] in FLOAT_MODE:
+            args = np.array([_addr(raw), rows, raw.shape[1], FLOAT_MODE[ACT_KIND[type_name]],
+                             _addr(b[0]), self.rows, b[0].shape[1], 0, 0, 0], np.int64)  # fmt: skip
+            entry, out_at = _entry("float"), 7
+        else:
+            args = np.array([_addr(raw), rows, raw.shape[1], _addr(b[0]), self.rows,
+                             b[0].shape[1], _addr(b[1]), _addr(b[2]), _addr(b[3]), 0, 0, 0],
+                            np.int64)  # fmt: skip
+            entry, out_at = _entry(type_name.lower()), 9
+        found = self._weights[key] = (args, entry, out_at, raw)
+        return found
+
+    def product(self, type_name: str, raw: np.ndarray, out: np.ndarray, col0: int) -> None:
+        """Every weight row of `raw` by these activations into out[:, col0 : col0 + rows],
+        the rows shared by the threads."""
+        args, entry, at, _ = self._args(type_name, raw)
+        args[at], args[at + 1], args[at + 2] = _addr(out), out.shape[1], col0
+        rows = raw.shape[0]
+        p = get_pool()
+        if self.rows * rows * self.k < PARALLEL_MIN_MACS or p.threads == 1:
+            pool.run_inline(entry, args.ctypes.data, rows)
+            return
+        # about 4 chunks per thread (balance), whole tiles, at least 2 tiles each
+        step = max(2 * _TILE, -(-rows // (4 * p.threads)) // _TILE * _TILE)
+        p.run(entry, args, rows, step)
+
+
+_local = threading.local()
+
+
+def activations(rows: int, k: int, kind: str) -> Activations:
+    """This thread's buffers for (rows, K, kind) (a few shapes are kept: decode, batches,
+    prefill chunks)."""
+    cache = getattr(_local, "acts", None)
+    if cache is None:
+        cache = _local.acts = {}
+    key = (rows, k, kind)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= 32:
+            cache.clear()
+        found = cache[key] = Activations(rows, k, kind)
+    return found
+
+
+def quantize_rows(kind: str, x: np.ndarray, bufs: tuple[np.ndarray, ...]) -> None:
+    """Round x into the given buffers (`act_buffers`; for tests and tools)."""
+    Activations(x.shape[0], x.shape[1], kind, bufs).quantize(np.ascontiguousarray(x, np.float32))
 
 
 def product(type_name: str, raw: np.ndarray, bufs: tuple[np.ndarray, ...], out: np.ndarray,
-            col0: int, threads: int) -> None:  # fmt: skip
-    """Every weight row of `raw` by the activations in `bufs`, into out[:, col0 : col0 + rows],
-    the rows split over `threads` threads (numba's pool: one fork and join, no GIL)."""
-    kind = ACT_KIND[type_name]
-    if kind in FLOAT_MODE:
-        gemm.run_float(raw, FLOAT_MODE[kind], bufs[0], out, col0, threads)
-    else:
-        gemm.RUN[type_name](raw, *bufs, out, col0, threads)
+            col0: int, k: int | None = None) -> None:  # fmt: skip
+    """Every weight row of `raw` by the activations in the given buffers (tests and tools)."""
+    rows = bufs[0].shape[0]
+    Activations(rows, k or bufs[0].shape[1], ACT_KIND[type_name], bufs).product(
+        type_name, raw, out, col0)
 
 
 # -- compiling --------------------------------------------------------------------------------
@@ -162,11 +268,13 @@ def _exercise(type_name: str) -> None:
     k = 256 if BLOCK[type_name] == 256 else 64
     row_bytes = k // BLOCK[type_name] * ROW_BYTES_PER_BLOCK[type_name]
     raw = np.frombuffer(bytes(row_bytes * 4), np.uint8).reshape(4, row_bytes)  # read-only
+    _entry("act_" + kind if kind.startswith("q8") else "act_round")
+    _entry("float" if kind in FLOAT_MODE else type_name.lower())
     for rows in (1, 2):  # one activation row (decode) and several (prefill, batches)
         x = np.zeros((rows, k), np.float32)
         bufs = act_buffers(rows, k, kind)
-        quantize_rows(kind, x, bufs, 0, rows)
-        product(type_name, raw, bufs, np.zeros((rows, 4), np.float32), 0, 1)
+        quantize_rows(kind, x, bufs)
+        product(type_name, raw, bufs, np.zeros((rows, 4), np.float32), 0)
 
 
 class _Progress:

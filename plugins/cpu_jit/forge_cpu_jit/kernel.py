@@ -25,8 +25,6 @@ log = logging.getLogger("forge")
 # The types it registers for (F32 stays with NumPy: its float32 matrix is the file's own data).
 TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
-# Below this many multiply-adds a product runs on one thread (waking the others costs more).
-PARALLEL_MIN_MACS = 1 << 16
 
 
 class CompiledKernelWarning(UserWarning):
@@ -60,6 +58,31 @@ def _jit():  # noqa: ANN202
                            "cpu_simd runs its NumPy kernels")  # fmt: skip
         return None
     return jit
+
+
+def single_threaded_blas() -> None:
+    """NumPy's BLAS on one thread, once the compiled kernels run a model: its pool and ours on
+    the same cores slowed both (the default model's prefill went 360 -> 540 tok/s on the 2-core
+    EPYC; the BLAS products left, in attention, are small). $FORGE_CPU_JIT_BLAS_THREADS
+    overrides the count ("0": leave BLAS alone)."""
+    global _blas_limited
+    if _blas_limited:
+        return
+    _blas_limited = True
+    import os
+
+    want = os.environ.get("FORGE_CPU_JIT_BLAS_THREADS", "1")
+    if not want.isdigit() or int(want) == 0:
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=int(want), user_api="blas")
+    except Exception as exc:  # threadpoolctl missing or a BLAS it cannot drive
+        log.debug("forge cpu_jit: BLAS threads left as they are (%s)", exc)
+
+
+_blas_limited = False
 
 
 class BlockWeight:
@@ -113,10 +136,15 @@ class JitMatmul:
         jit = _jit()
         if jit is None:
             return
+        ready = False
         for name, state in jit.compile_types(type_names).items():
             if state is not True and name in TYPES:
                 say_once(f"compile-{name}", f"forge cpu_jit: the {name} kernel failed to compile "
                                             f"({state}); {name} weights use the NumPy kernel")  # fmt: skip
+            ready = ready or state is True
+        if ready:
+            single_threaded_blas()
+
 
     def ready(self, type_name: str) -> bool:
         jit = _jit()
@@ -163,12 +191,9 @@ class JitMatmul:
             raise ValueError(f"activations of shape {x.shape} for a weight of row length "
                              f"{parts[0].k}")  # fmt: skip
         rows, k = x.shape
-        kind = jit.ACT_KIND[parts[0].type]
-        bufs = jit.act_buffers(rows, k, kind)
-        jit.quantize_rows(kind, x, bufs, 0, rows)
+        act = jit.activations(rows, k, jit.ACT_KIND[parts[0].type])
+        act.quantize(x)
         out = np.empty((rows, w.n), np.float32)
-        threads = jit.threads()
         for p, start in zip(parts, offsets):
-            use = threads if rows * p.n * k >= PARALLEL_MIN_MACS else 1
-            jit.product(p.type, p.raw, bufs, out, start, use)
+            act.product(p.type, p.raw, out, start)
         return out

@@ -507,3 +507,110 @@ def prefetch(typingctx, arr, idx):  # noqa: ANN001
         return context.get_dummy_value()
 
     return types.void(arr, idx), codegen
+
+
+# -- what the thread pool (pool.py) needs: atomics, pause, pointers, indirect calls -------------
+
+IS_X86 = llvm_binding.get_process_triple().startswith(("x86_64", "i386", "i686"))
+
+
+def _elem_ptr(context, builder, arr_type, arr, idx):  # noqa: ANN001
+    ary = context.make_array(arr_type)(context, builder, arr)
+    return builder.gep(ary.data, [idx])
+
+
+def _int64_array(arr, idx) -> bool:  # noqa: ANN001
+    return (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.int64
+            and isinstance(idx, types.Integer))  # fmt: skip
+
+
+@intrinsic
+def atomic_add(typingctx, arr, idx, value):  # noqa: ANN001
+    """arr[idx] += value atomically (sequentially consistent); returns the old value."""
+    if not _int64_array(arr, idx) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "seq_cst")
+
+    return types.int64(arr, idx, value), codegen
+
+
+@intrinsic
+def atomic_load(typingctx, arr, idx):  # noqa: ANN001
+    """arr[idx], read atomically with acquire ordering."""
+    if not _int64_array(arr, idx):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.load_atomic(ptr, "acquire", 8)
+
+    return types.int64(arr, idx), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, idx, value):  # noqa: ANN001
+    """arr[idx] = value, written atomically with release ordering."""
+    if not _int64_array(arr, idx) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(v, ptr, "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(arr, idx, value), codegen
+
+
+@intrinsic
+def cpu_pause(typingctx):  # noqa: ANN001
+    """The spin-wait hint (`pause` on x86; nothing elsewhere)."""
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        if IS_X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")  # fmt: skip
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _make_ptr(dtype):
+    def as_ptr(typingctx, addr):  # noqa: ANN001
+        if not isinstance(addr, types.Integer):
+            return None
+        ptr_type = types.CPointer(dtype)
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001
+            return builder.inttoptr(args[0], context.get_value_type(ptr_type))
+
+        return ptr_type(addr), codegen
+
+    as_ptr.__name__ = f"as_{dtype}_ptr"
+    return intrinsic(as_ptr)
+
+
+as_u8_ptr, as_i8_ptr = _make_ptr(types.uint8), _make_ptr(types.int8)
+as_i32_ptr, as_f32_ptr = _make_ptr(types.int32), _make_ptr(types.float32)
+as_i64_ptr = _make_ptr(types.int64)
+
+
+@intrinsic
+def call_entry(typingctx, addr, args_addr, lo, hi):  # noqa: ANN001
+    """Call the compiled entry at address `addr`: void(int64* args, int64 lo, int64 hi)."""
+    if not all(isinstance(a, types.Integer) for a in (addr, args_addr, lo, hi)):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        fnty = ir.FunctionType(ir.VoidType(), [_I64.as_pointer(), _I64, _I64])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        cast = [context.cast(builder, a, t, types.int64) for a, t in zip(args[1:], sig.args[1:])]
+        builder.call(fn, [builder.inttoptr(cast[0], _I64.as_pointer()), cast[1], cast[2]])
+        return context.get_dummy_value()
+
+    return types.void(addr, args_addr, lo, hi), codegen
