@@ -1,4 +1,6 @@
-"""Every model path reproduces llama.cpp (../shared/golden, rules in its README) on cpu_simd."""
+"""Every model path reproduces llama.cpp (../shared/golden, rules in its README) on cpu_simd, with
+the kernels that win (the compiled ones of forge_cpu_jit) and with NumPy forced
+(``kernels = "builtin"``)."""
 
 from __future__ import annotations
 
@@ -18,16 +20,19 @@ from tests.support.golden_rules import (
 
 MODELS = golden_model_files()
 MOE_MODELS = golden_model_files("moe.json")
+KERNELS = ["auto", "builtin"]  # the winning kernels (compiled), NumPy's
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("model_file", MODELS or ["<golden data missing>"])
-def test_synthetic_model(model_file, golden_dir, synthetic_golden, report):
-    check_model(golden_dir, model_file, synthetic_golden[model_file], report)
+def test_synthetic_model(model_file, kernels, golden_dir, synthetic_golden, report):
+    check_model(golden_dir, model_file, synthetic_golden[model_file], report, kernels)
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("model_file", MOE_MODELS or ["<golden data missing>"])
-def test_mixture_of_experts_model(model_file, golden_dir, moe_golden, report):
-    check_model(golden_dir, model_file, moe_golden[model_file], report)
+def test_mixture_of_experts_model(model_file, kernels, golden_dir, moe_golden, report):
+    check_model(golden_dir, model_file, moe_golden[model_file], report, kernels)
 
 
 @pytest.mark.parametrize("model_file", MOE_MODELS or ["<golden data missing>"])
@@ -49,9 +54,11 @@ def test_mixture_of_experts_decode_follows_reference(model_file, golden_dir, moe
             assert len(out.tokens) == len(case["greedy"]) or out.finish_reason == "stop"
 
 
-def check_model(golden_dir, model_file: str, entry: dict, report: list[str]) -> None:
+def check_model(golden_dir, model_file: str, entry: dict, report: list[str],
+                kernels: str = "auto") -> None:  # fmt: skip
     """Tokens, logits and the teacher-forced greedy continuation of every case of `entry`."""
-    model = forge.load(str(golden_dir / "models" / model_file), backend="cpu_simd", n_ctx=256)
+    model = forge.load(str(golden_dir / "models" / model_file), backend="cpu_simd", n_ctx=256,
+                       config={"kernels": kernels})  # fmt: skip
     worst_max = worst_mean = 0.0
     for case in entry["cases"]:
         assert model.tokenize(case["prompt"]) == case["tokens"], case["prompt"]
@@ -61,19 +68,23 @@ def check_model(golden_dir, model_file: str, entry: dict, report: list[str]) -> 
         mx, mean = logit_errors(logits[:n], case["logits"])
         worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
         assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
-    report.append(f"golden cpu_simd {model_file:22s} max {worst_max:.2e}  mean {worst_mean:.2e}")
+    report.append(f"golden cpu_simd {kernels:7s} {model_file:22s} max {worst_max:.2e}  "
+                  f"mean {worst_mean:.2e}")  # fmt: skip
     bound_max, bound_mean = BOUNDS[weight_class(model_file)]
     assert worst_max <= bound_max and worst_mean <= bound_mean, (worst_max, worst_mean)
 
 
-@pytest.fixture(scope="module")
-def default_model(default_model_path):
-    return forge.load(default_model_path, backend="cpu_simd", n_ctx=128)
+@pytest.fixture(scope="module", params=KERNELS)
+def default_model(request, default_model_path):
+    return forge.load(default_model_path, backend="cpu_simd", n_ctx=128,
+                      config={"kernels": request.param})  # fmt: skip
 
 
 def test_default_model_golden(default_model, golden_dir, report):
     import json
 
+    compiled = getattr(default_model.runner.output.weight, "layout", "float32") == "gguf"
+    kernels = "auto" if compiled else "builtin"
     cases = json.loads((golden_dir / "gemma3-270m.json").read_text())["models"][0]["cases"]
     for case in cases:
         assert default_model.tokenize(case["prompt"]) == case["tokens"]
@@ -83,9 +94,8 @@ def test_default_model_golden(default_model, golden_dir, report):
         assert not check_default_model(last, case), case["prompt"]
         assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
         diff = np.abs(last[case["last_top_ids"][:10]] - case["last_top_logits"][:10]).max()
-        report.append(
-            f"golden cpu_simd gemma3-270m {case['prompt'][:28]!r:32s} top10 dlogit {diff:.3f}"
-        )
+        report.append(f"golden cpu_simd {kernels:7s} gemma3-270m {case['prompt'][:28]!r:32s} "
+                      f"top10 dlogit {diff:.3f}")  # fmt: skip
 
 
 def test_default_model_generates_reference_start(default_model, golden_dir):
