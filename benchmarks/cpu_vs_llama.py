@@ -51,7 +51,8 @@ m = forge.load(backend="cpu_simd", n_ctx=512, config={"kernels": args["kernels"]
 load_s = time.perf_counter() - t0
 ids = m.tokenize(args["text"])
 short, long = ids[:args["prefill"]], ids[:args["prompt"]]
-ban = {int(t): float("-inf") for t in m.tokenizer.eog_ids} if hasattr(m.tokenizer, "eog_ids") else {}
+eog = getattr(m.tokenizer, "eog_ids", ())
+ban = {int(t): float("-inf") for t in eog}
 m.complete(short, max_tokens=1, temperature=0)  # warm up (first-call allocations)
 c = m.complete(short, max_tokens=1, temperature=0)
 prefill = len(short) / c.prompt_seconds
@@ -129,15 +130,18 @@ def _run(python: str, code: str, args: dict) -> dict:
 
 def _decode_bytes(path: str) -> int:
     """GGUF bytes of the matrices one decode token multiplies by (every layer and the head)."""
+    from forge_cpu_simd.loading import matrix_names
+
     import forge
     from forge.gguf import open_gguf
     from forge.models import build_spec
-    from forge_cpu_simd.loading import matrix_names
 
     gguf = open_gguf(path)
     spec = build_spec(gguf)
     del forge
-    return sum(gguf.tensors[n].nbytes for n in matrix_names(spec) if len(gguf.tensors[n].shape) == 2)
+    return sum(
+        gguf.tensors[n].nbytes for n in matrix_names(spec) if len(gguf.tensors[n].shape) == 2
+    )
 
 
 def main() -> None:
@@ -197,8 +201,10 @@ def main() -> None:
         ratio = f"{statistics.median(f) / statistics.median(ll):.2f}x" if ll else "-"
         print(f"{name:40s} {fmt(f, unit):>20s} {fmt(ll, unit):>20s}  {ratio}")
     print(f"{'forge peak RSS':40s} {fmt(span('forge', 'peak_rss_mb'), 'MB'):>20s}")
-    print(f"{'memory floor':40s} {floor:>14.1f} tok/s  ({per_token / 1e6:.0f} MB/token at "
-          f"{bandwidth:.1f} GB/s; forge decode at {result['forge_decode_share_of_floor']:.0%})")
+    print(
+        f"{'memory floor':40s} {floor:>14.1f} tok/s  ({per_token / 1e6:.0f} MB/token at "
+        f"{bandwidth:.1f} GB/s; forge decode at {result['forge_decode_share_of_floor']:.0%})"
+    )
 
 
 if __name__ == "__main__":

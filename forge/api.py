@@ -435,8 +435,13 @@ def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None
                                   config.device, pm.probe(name).devices, name)  # fmt: skip
     try:
         return backend.open_runner(
-            spec, gguf, kernel_table(pm, config), device=config.device, progress=progress,
-            n_ctx=n_ctx, **extra
+            spec,
+            gguf,
+            kernel_table(pm, config),
+            device=config.device,
+            progress=progress,
+            n_ctx=n_ctx,
+            **extra,
         )
     except ForgeError as err:
         if err.recoverable and config.fallback and config.fallback != name:

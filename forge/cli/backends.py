@@ -92,6 +92,8 @@ def kernels(args: argparse.Namespace, ctx: Context) -> int:
     ]  # fmt: skip
     print_table(["backend", "op", "type", "winner", "also provided by"], rows)
     if ctx.config.kernels == "builtin":
-        print(f"kernels = \"builtin\" ({ctx.sources.get('kernels', 'config')}): each backend runs "
-              "its own plugin's kernels")
+        print(
+            f'kernels = "builtin" ({ctx.sources.get("kernels", "config")}): each backend runs '
+            "its own plugin's kernels"
+        )
     return 0

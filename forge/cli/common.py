@@ -50,9 +50,11 @@ def config_parent() -> argparse.ArgumentParser:
     add_config_flag(g, "-ctv", "--cache-type-v", key="kv_cache_type_v",
                     help="KV cache type for V: auto, f32, f16, bf16, q8_0, q4_0")  # fmt: skip
     add_config_flag(
-        g, "--kernels", key="kernels",
+        g,
+        "--kernels",
+        key="kernels",
         help='"auto" (the highest-priority kernels) or "builtin" (each backend\'s own: NumPy on '
-             "cpu_simd)",
+        "cpu_simd)",
     )
     add_config_flag(
         g, "--log-level", key="log_level", help="debug, info, warning, error or critical"

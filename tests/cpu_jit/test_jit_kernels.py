@@ -12,9 +12,21 @@ from forge_cpu_simd.act_round import activation_rounding  # noqa: E402
 from forge_cpu_simd.dequant import dequantize  # noqa: E402
 
 from forge.gguf import TensorInfo  # noqa: E402
-from tests.support.quant_blocks import random_raw  # noqa: E402
+from tests.support.quant_blocks import random_raw as _random_raw  # noqa: E402
 
-QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def random_raw(rng, type_name, rows, k):
+    """tests.support's random blocks, and MXFP4 ones (every code, exponents that keep the
+    products finite, the two subnormal scales included)."""
+    if type_name != "MXFP4":
+        return _random_raw(rng, type_name, rows, k)
+    raw = rng.integers(0, 256, size=(rows, k // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = rng.choice([0, 1, 2, 100, 120, 126, 127, 128, 130], size=(rows, k // 32))
+    return raw.reshape(rows, -1)
+
+
 FLOAT = ["F16", "BF16"]
 
 
@@ -105,11 +117,14 @@ def test_f16_helpers_are_exact():
     bits = np.arange(0, 1 << 16, dtype=np.uint32)
     finite = np.isfinite(bits.astype(np.uint16).view(np.float16))
     rng = np.random.default_rng(0)
-    values = np.concatenate([rng.standard_normal(10000) * 10.0 ** rng.integers(-9, 5, 10000),
-                             [0.0, -0.0, 6.1e-5, 5.96e-8, 65504.0, 1e-9]]).astype(np.float32)  # fmt: skip
+    wide = rng.standard_normal(10000) * 10.0 ** rng.integers(-9, 5, 10000)
+    edges = [0.0, -0.0, 6.1e-5, 5.96e-8, 65504.0, 1e-9]
+    values = np.concatenate([wide, edges]).astype(np.float32)
     out_f = np.zeros(bits.size, np.float32)
     out_h = np.zeros(values.size, np.int64)
     both(bits, values, out_f, out_h)
     expect = bits.astype(np.uint16).view(np.float16).astype(np.float32)
     np.testing.assert_array_equal(out_f[finite], expect[finite])
-    np.testing.assert_array_equal(out_h.astype(np.uint16), values.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(
+        out_h.astype(np.uint16), values.astype(np.float16).view(np.uint16)
+    )

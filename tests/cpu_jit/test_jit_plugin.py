@@ -35,8 +35,12 @@ def test_registered_above_numpy_and_shown_by_forge_kernels(fresh_forge_env, caps
         assert (won.plugin, won.priority) == ("forge_cpu_jit.plugin", 10)
     assert kernels.get("cpu_simd", "matmul", "F32").plugin != "forge_cpu_jit.plugin"
     assert main(["kernels", "--json"]) == 0
-    entry = next(e for e in json.loads(capsys.readouterr().out)
-                 if (e["backend"], e["op"], e["weight_type"]) == ("cpu_simd", "matmul", "Q4_K"))  # fmt: skip
+    want = ("cpu_simd", "matmul", "Q4_K")
+    entry = next(
+        e
+        for e in json.loads(capsys.readouterr().out)
+        if (e["backend"], e["op"], e["weight_type"]) == want
+    )
     assert entry["winner"] == {"plugin": "forge_cpu_jit.plugin", "priority": 10}
     assert main(["kernels", "--kernels", "builtin"]) == 0
     out = capsys.readouterr().out
@@ -154,3 +158,11 @@ def test_default_model_peak_rss_under_600_mb(default_model_path):
     done = _python(code)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) <= 600, done.stdout
+
+
+def test_generated_kernels_are_what_codegen_writes():
+    """generated.py is codegen.py's output: a template edited without regenerating (or a hand
+    edit of the generated file) fails here."""
+    from forge_cpu_jit import codegen
+
+    assert codegen.GENERATED.read_text() == codegen.generate()

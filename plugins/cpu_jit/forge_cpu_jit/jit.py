@@ -46,7 +46,10 @@ def _choose_cache_dir() -> Path:
     root = cache_root()
     if _writable(root):
         return root
-    fallback = Path(tempfile.gettempdir()) / f"forge-cpu_jit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    fallback = (
+        Path(tempfile.gettempdir())
+        / f"forge-cpu_jit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    )
     log.warning("forge cpu_jit: cannot write the kernel cache %s; using %s", root, fallback)
     return fallback
 
@@ -103,7 +106,6 @@ def _install_locator() -> None:
 _install_locator()
 
 import numpy as np  # noqa: E402
-
 from numba import cfunc, types  # noqa: E402
 
 from forge_cpu_jit import gemm, pool  # noqa: E402
@@ -113,13 +115,14 @@ from forge_cpu_jit.pool import get_pool  # noqa: E402
 ACT_KIND = {
     "F32": "f32", "F16": "f16", "BF16": "bf16",
     "Q4_0": "q8_0", "Q4_1": "q8_0", "Q5_0": "q8_0", "Q5_1": "q8_0", "Q8_0": "q8_0",
-    "Q2_K": "q8_k", "Q3_K": "q8_k", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k",
+    "MXFP4": "q8_0", "Q2_K": "q8_k", "Q3_K": "q8_k", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k",
 }  # fmt: skip
 FLOAT_MODE = {"f32": 0, "f16": 1, "bf16": 2}
 BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32,
-         "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # fmt: skip
+         "Q8_0": 32, "MXFP4": 32,
+         "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # fmt: skip
 ROW_BYTES_PER_BLOCK = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22,
-                       "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
+                       "Q5_1": 24, "Q8_0": 34, "MXFP4": 17, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
                        "Q5_K": 176, "Q6_K": 210}  # fmt: skip
 TYPES = tuple(ACT_KIND)
 
@@ -146,10 +149,12 @@ PARALLEL_MIN_MACS = 1 << 16  # smaller products run on the calling thread alone
 
 
 def _entry(name: str) -> int:
-    """The address of a compiled entry of gemm.py (compiled, or loaded from the cache, once)."""
+    """The address of a compiled entry: a weight type's (generated.py, by `gemm.ENTRIES`) or
+    gemm.py's `entry_<name>` (compiled, or loaded from the cache, once)."""
     addr = _entries.get(name)
     if addr is None:
-        fn = cfunc(_ENTRY_SIG, nopython=True, cache=True)(getattr(gemm, "entry_" + name))
+        py_fn = gemm.ENTRIES.get(name.upper()) or getattr(gemm, "entry_" + name)
+        fn = cfunc(_ENTRY_SIG, nopython=True, cache=True)(py_fn)
         addr = _entries[name] = fn.address
         _keep.append(fn)
     return addr
@@ -251,7 +256,8 @@ def product(type_name: str, raw: np.ndarray, bufs: tuple[np.ndarray, ...], out: 
     """Every weight row of `raw` by the activations in the given buffers (tests and tools)."""
     rows = bufs[0].shape[0]
     Activations(rows, k or bufs[0].shape[1], ACT_KIND[type_name], bufs).product(
-        type_name, raw, out, col0)
+        type_name, raw, out, col0
+    )
 
 
 # -- compiling --------------------------------------------------------------------------------
@@ -287,8 +293,10 @@ class _Progress:
         self._timer.start()
 
     def _line(self) -> str:
-        return (f"forge cpu_jit: compiling the CPU kernels for {', '.join(self.names)} "
-                f"[{self.done}/{len(self.names)}] (first run only; cached in {CACHE_DIR})")  # fmt: skip
+        return (
+            f"forge cpu_jit: compiling the CPU kernels for {', '.join(self.names)} "
+            f"[{self.done}/{len(self.names)}] (first run only; cached in {CACHE_DIR})"
+        )
 
     def _show(self) -> None:
         self.shown = True

@@ -23,7 +23,7 @@ import numpy as np
 log = logging.getLogger("forge")
 
 # The types it registers for (F32 stays with NumPy: its float32 matrix is the file's own data).
-TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
 
 
@@ -139,12 +139,14 @@ class JitMatmul:
         ready = False
         for name, state in jit.compile_types(type_names).items():
             if state is not True and name in TYPES:
-                say_once(f"compile-{name}", f"forge cpu_jit: the {name} kernel failed to compile "
-                                            f"({state}); {name} weights use the NumPy kernel")  # fmt: skip
+                say_once(
+                    f"compile-{name}",
+                    f"forge cpu_jit: the {name} kernel failed to compile ({state}); "
+                    f"{name} weights use the NumPy kernel",
+                )
             ready = ready or state is True
         if ready:
             single_threaded_blas()
-
 
     def ready(self, type_name: str) -> bool:
         jit = _jit()

@@ -101,8 +101,10 @@ class Pool:
         self._lock = threading.Lock()
         self._cv = threading.Condition()
         self._sleeping = 0
-        self._workers = [threading.Thread(target=self._loop, name=f"forge-cpu_jit-{i}",
-                                          daemon=True) for i in range(self.threads - 1)]  # fmt: skip
+        self._workers = [
+            threading.Thread(target=self._loop, name=f"forge-cpu_jit-{i}", daemon=True)
+            for i in range(self.threads - 1)
+        ]
         for w in self._workers:
             w.start()
 

@@ -1,4 +1,4 @@
-"""SIMD vectors for numba: LLVM vector types as numba values, and the few operations the kernels use.
+"""SIMD vectors for numba: LLVM vector types as numba values and the few operations kernels use.
 
 numba compiles Python loops through LLVM but has no vector types of its own, and LLVM does not turn
 the integer dot products of quantized blocks into VNNI instructions on its own. These intrinsics
@@ -489,7 +489,8 @@ def _bf16_vec(builder, raw):  # noqa: ANN001
 load_f16x16 = _make_float_load("load_f16x16", 16, _f16_vec)
 load_bf16x16 = _make_float_load("load_bf16x16", 16, _bf16_vec)
 load_f32x16_bytes = _make_float_load(
-    "load_f32x16_bytes", 32, lambda b, raw: b.bitcast(raw, ir.VectorType(_F32, 16)))
+    "load_f32x16_bytes", 32, lambda b, raw: b.bitcast(raw, ir.VectorType(_F32, 16))
+)
 
 
 @intrinsic
@@ -614,3 +615,31 @@ def call_entry(typingctx, addr, args_addr, lo, hi):  # noqa: ANN001
         return context.get_dummy_value()
 
     return types.void(addr, args_addr, lo, hi), codegen
+
+
+# E2M1 (MXFP4) codes as ggml multiplies them (doubled: 0, 1, 2, 3, 4, 6, 8, 12 and negatives),
+# plus 16 so that they are unsigned bytes for `dot4`
+E2M1_PLUS_16 = (16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4)
+
+
+@intrinsic
+def e2m1_codes(typingctx, v):  # noqa: ANN001
+    """32 nibble codes (0..15 in bytes) as E2M1_PLUS_16 values: one byte shuffle (pshufb) on
+    x86, a chain of selects elsewhere."""
+    if v != U8x32:
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        vt = ir.VectorType(_I8, 32)
+        table = _const_vec(_I8, E2M1_PLUS_16 * 2)
+        if IS_X86 and "avx2" in host_features():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt]),
+                                                "llvm.x86.avx2.pshuf.b")  # fmt: skip
+            return builder.call(fn, [table, args[0]])
+        out = ir.Constant(vt, None)
+        for code, value in enumerate(E2M1_PLUS_16):
+            hit = builder.icmp_unsigned("==", args[0], _const_vec(_I8, [code] * 32))
+            out = builder.select(hit, _const_vec(_I8, [value] * 32), out)
+        return out
+
+    return U8x32(U8x32), codegen

@@ -11,9 +11,9 @@ So weight = scale * (code - 2**shift) (+ lane minimum), the values llama.cpp's d
 A chunk past the last block of a 32-element type (row length an odd number of 32s) is zeros.
 
 Block layouts (byte offsets) are ggml's: Q4_0 d qs[16]; Q4_1 d m qs[16]; Q5_0 d qh[4] qs[16];
-Q5_1 d m qh[4] qs[16]; Q8_0 d qs[32]; Q2_K scales[16]@0 qs[64]@16 d@80 dmin@82; Q3_K hmask[32]@0
-qs[64]@32 scales[12]@96 d@108; Q4_K d@0 dmin@2 scales[12]@4 qs[128]@16; Q5_K d@0 dmin@2
-scales[12]@4 qh[32]@16 qs[128]@48; Q6_K ql[128]@0 qh[64]@128 scales[16]@192 d@208.
+Q5_1 d m qh[4] qs[16]; Q8_0 d qs[32]; MXFP4 e qs[16]; Q2_K scales[16]@0 qs[64]@16 d@80 dmin@82;
+Q3_K hmask[32]@0 qs[64]@32 scales[12]@96 d@108; Q4_K d@0 dmin@2 scales[12]@4 qs[128]@16;
+Q5_K d@0 dmin@2 scales[12]@4 qh[32]@16 qs[128]@48; Q6_K ql[128]@0 qh[64]@128 scales[16]@192 d@208.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from forge_cpu_jit.quant import f16_to_f32
 from forge_cpu_jit.simd import (
     band,
     bits32,
+    bits_to_f32,
     bor,
     bxor,
     cat,
+    e2m1_codes,
     f32x16_2,
     f32x16_4,
     halves2,
@@ -42,10 +44,10 @@ from forge_cpu_jit.simd import (
 _INLINE = {"nogil": True, "cache": True, "error_model": "numpy", "inline": "always"}
 
 # log2 of the offset that makes codes unsigned; -1: none (the block has a minimum instead)
-OFFSET_SHIFT = {"Q4_0": 3, "Q4_1": -1, "Q5_0": 4, "Q5_1": -1, "Q8_0": 7,
+OFFSET_SHIFT = {"Q4_0": 3, "Q4_1": -1, "Q5_0": 4, "Q5_1": -1, "Q8_0": 7, "MXFP4": 4,
                 "Q2_K": -1, "Q3_K": 2, "Q4_K": -1, "Q5_K": -1, "Q6_K": 5}  # fmt: skip
 HAS_MIN = {t: s < 0 for t, s in OFFSET_SHIFT.items()}
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "MXFP4": 17,
                "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # fmt: skip
 
 
@@ -57,7 +59,9 @@ def _half(row, at):  # noqa: ANN001, ANN202
 @njit(**_INLINE)
 def _u32(row, at):  # noqa: ANN001, ANN202
     lo = np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
-    return lo | (np.uint32(row[at + 2]) << np.uint32(16)) | (np.uint32(row[at + 3]) << np.uint32(24))
+    return (
+        lo | (np.uint32(row[at + 2]) << np.uint32(16)) | (np.uint32(row[at + 3]) << np.uint32(24))
+    )
 
 
 @njit(**_INLINE)
@@ -127,6 +131,26 @@ def chunk_q8_0(row, c):  # noqa: ANN001, ANN201
         hi = bxor(load_u8x32(row, o + 36), 0x80)
         return cat(lo, hi), halves2(row, o, o + 34), zeros_f32x16()
     return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
+
+
+@njit(**_INLINE)
+def _e8m0_half(e):  # noqa: ANN001, ANN202
+    """2^(e - 128) as float32 (ggml's E8M0 scale, halved: its E2M1 values are doubled)."""
+    e = np.uint32(e)
+    if e < 2:  # below float32's normal range
+        return bits_to_f32(np.uint32(0x00200000) << e)
+    return bits_to_f32((e - np.uint32(1)) << np.uint32(23))
+
+
+@njit(**_INLINE)
+def chunk_mxfp4(row, c):  # noqa: ANN001, ANN201
+    """MXFP4 (e:u8 qs[16] per 32 weights): E2M1 codes, each doubled, plus 16 (OFFSET_SHIFT)."""
+    o = 2 * c * 17
+    lo = e2m1_codes(_nibbles(row, o + 1))
+    if o + 34 <= row.shape[0]:
+        hi = e2m1_codes(_nibbles(row, o + 18))
+        return cat(lo, hi), f32x16_2(_e8m0_half(row[o]), _e8m0_half(row[o + 17])), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(_e8m0_half(row[o]), np.float32(0.0)), zeros_f32x16()
 
 
 # -- K-quants: a chunk is a quarter of a 256-weight super-block --------------------------------
@@ -219,6 +243,10 @@ def chunk_q6_k(row, c):  # noqa: ANN001, ANN201
     b = bor(band(shr(lo1, s), 15), shl(band(shr(h, s + 2), 3), 4))
     d = _half(row, o + 208)
     g = o + 192 + 4 * q
-    scales = f32x16_4(d * np.float32(np.int8(row[g])), d * np.float32(np.int8(row[g + 1])),
-                      d * np.float32(np.int8(row[g + 2])), d * np.float32(np.int8(row[g + 3])))  # fmt: skip
+    scales = f32x16_4(
+        d * np.float32(np.int8(row[g])),
+        d * np.float32(np.int8(row[g + 1])),
+        d * np.float32(np.int8(row[g + 2])),
+        d * np.float32(np.int8(row[g + 3])),
+    )
     return cat(a, b), scales, zeros_f32x16()
