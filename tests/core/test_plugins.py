@@ -237,15 +237,16 @@ def test_kernel_priority_and_registering_plugin(pm):
     class Faster:
         @forge.hookimpl
         def forge_register_kernels(self, register):
-            register("cpu_simd", "matmul", "Q4_K", "faster-impl", priority=5)
+            register("cpu_simd", "matmul", "Q4_K", "faster-impl", priority=20)
             register("cpu_simd", "rms_norm", "*", "norm-impl")
 
     pm.register(Faster(), "faster")
     win = pm.kernels.get("cpu_simd", "matmul", "Q4_K")
-    assert (win.impl, win.plugin, win.priority) == ("faster-impl", "faster", 5)
+    assert (win.impl, win.plugin, win.priority) == ("faster-impl", "faster", 20)
     plugins = [k.plugin for k in pm.kernels.candidates("cpu_simd", "matmul", "Q4_K")]
-    assert plugins == ["faster", "forge_cpu_simd.plugin"]
-    assert pm.kernels.get("cpu_simd", "matmul", "Q8_0").plugin == "forge_cpu_simd.plugin"
+    # the compiled kernels (priority 10) above the built-in NumPy one (0)
+    assert plugins == ["faster", "forge_cpu_jit.plugin", "forge_cpu_simd.plugin"]
+    assert pm.kernels.get("cpu_simd", "matmul", "Q8_0").plugin == "forge_cpu_jit.plugin"
     assert pm.kernels.get("cpu_simd", "rms_norm", "F16").impl == "norm-impl"  # any-type kernel
 
 
@@ -253,9 +254,9 @@ def test_equal_priority_goes_to_the_later_plugin(pm):
     class Same:
         @forge.hookimpl
         def forge_register_kernels(self, register):
-            register("cpu_simd", "matmul", "Q8_0", "same-priority")
+            register("cpu_simd", "matmul", "Q8_0", "same-priority", priority=10)
 
-    pm.register(Same(), "same")
+    pm.register(Same(), "same")  # forge_cpu_jit registered Q8_0 at 10 before it
     assert pm.kernels.get("cpu_simd", "matmul", "Q8_0").plugin == "same"
 
 
@@ -429,7 +430,8 @@ def test_example_kernel_wins_by_priority(example_plugin):
     assert (win.plugin, win.priority, win.impl) == ("example", 10, example_plugin.MATMUL)
     assert [k.plugin for k in pm.kernels.candidates("cpu_simd", "matmul", "F32")] == [
         "example", "forge_cpu_simd.plugin"]  # fmt: skip
-    assert pm.kernels.get("cpu_simd", "matmul", "F16").plugin == "forge_cpu_simd.plugin"
+    # F16 has the compiled kernel (priority 10) above the NumPy one
+    assert pm.kernels.get("cpu_simd", "matmul", "F16").plugin == "forge_cpu_jit.plugin"
 
 
 def test_example_sampler_stage_changes_the_choice(example_plugin):

@@ -61,11 +61,13 @@ CACHE_DIR = _choose_cache_dir()
 def _sources_digest() -> str:
     """A digest of every source file of this package: numba checks only the file of the function
     it caches, while the kernels inline code from the other modules (and a new numba or llvmlite
-    must not reuse old code either)."""
+    must not reuse old code either). The package's path is part of it: numba's index checks each
+    source file's time stamp, so two installations sharing one directory would each invalidate
+    the other's kernels and recompile them on every alternation."""
     import llvmlite
     import numba
 
-    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__}".encode())
+    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__} {PACKAGE_DIR}".encode())
     for path in sorted(PACKAGE_DIR.glob("*.py")):
         h.update(path.name.encode())
         h.update(path.read_bytes())

@@ -145,7 +145,8 @@ class CpuSimdBackend(Backend):
     def memory_needed(
         self, spec: Any, gguf: Any, n_ctx: int, kv_types: KvTypes | None = None
     ) -> dict[str, int]:
-        """Weights: the float32 matrices and vectors, plus every expert of a mixture as stored
+        """Weights: each matrix as its kernel keeps it (a float32 copy, or the mapped GGUF blocks
+        for compiled kernels), float32 vectors, plus every expert of a mixture as stored
         (read from the mapped file) and the most its caches of prepared experts hold."""
         from forge_cpu_simd.experts import expert_memory
         from forge_cpu_simd.loading import weight_bytes
