@@ -25,7 +25,6 @@ import numpy as np
 
 import forge
 from forge.backend import SeqBatch
-from forge.kv_cache import BlockTable
 from forge.scheduler import Finished, Scheduler
 
 
@@ -35,7 +34,7 @@ def block_tables(model, n: int, positions: int):
     tables = []
     try:
         for _ in range(n):
-            tables.append(BlockTable(model.allocator, model.n_ctx))
+            tables.append(model.kv.table())  # the full pool and any window pools
             tables[-1].ensure(positions)
         yield tables
     finally:
@@ -47,10 +46,15 @@ def step_ms(model, n: int, context: int = 32, reps: int = 20) -> float:
     """Median ms of one greedy decode step for n sequences at `context` positions."""
     with block_tables(model, n, context + reps + 2) as tables:
         ids = np.arange(1, context + 1, dtype=np.int32)
-        model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
+        model.runner.forward(
+            [SeqBatch(ids, 0, t.array(), "none", t.window_arrays()) for t in tables]
+        )
         times = []
         for r in range(reps + 1):
-            batch = [SeqBatch(np.array([7], np.int32), context + r, t.array()) for t in tables]
+            batch = [
+                SeqBatch(np.array([7], np.int32), context + r, t.array(), "last", t.window_arrays())
+                for t in tables
+            ]
             t0 = time.perf_counter()
             model.runner.forward_argmax(batch)
             times.append(time.perf_counter() - t0)
@@ -61,8 +65,13 @@ def step_profile(model, n: int, context: int = 32) -> dict[str, list]:
     """{kernel: [launches, ms]} of one decode step for n sequences (event timings per launch)."""
     with block_tables(model, n, context + 2) as tables:
         ids = np.arange(1, context + 1, dtype=np.int32)
-        model.runner.forward([SeqBatch(ids, 0, t.array(), "none") for t in tables])
-        batch = [SeqBatch(np.array([7], np.int32), context, t.array()) for t in tables]
+        model.runner.forward(
+            [SeqBatch(ids, 0, t.array(), "none", t.window_arrays()) for t in tables]
+        )
+        batch = [
+            SeqBatch(np.array([7], np.int32), context, t.array(), "last", t.window_arrays())
+            for t in tables
+        ]
         prof = model.runner.profile_decode(batch)
         top = sorted(prof.items(), key=lambda kv: -kv[1][1])
         return {k: [c, round(ms, 4)] for k, (c, ms) in top}
