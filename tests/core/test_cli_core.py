@@ -127,7 +127,7 @@ def test_plugins_and_kernels_show_the_example(capsys, monkeypatch):
     reset_plugin_manager()
     code, out, _ = run(capsys, "kernels")
     row = next(ln for ln in out.splitlines() if ln.split()[:3] == ["cpu_simd", "matmul", "F32"])
-    assert "forge_cpu_simd.plugin (priority 0)" in row
+    assert "forge_cpu_jit.plugin (priority 10)" in row  # the built-in compiled kernel
 
 
 def test_config_shows_values_and_sources(capsys, monkeypatch, tmp_path):

@@ -428,8 +428,9 @@ def test_example_kernel_wins_by_priority(example_plugin):
     pm = quiet_create()
     win = pm.kernels.get("cpu_simd", "matmul", "F32")
     assert (win.plugin, win.priority, win.impl) == ("example", 10, example_plugin.MATMUL)
+    # the example registered after forge_cpu_jit at the same priority (10): it wins
     assert [k.plugin for k in pm.kernels.candidates("cpu_simd", "matmul", "F32")] == [
-        "example", "forge_cpu_simd.plugin"]  # fmt: skip
+        "example", "forge_cpu_jit.plugin", "forge_cpu_simd.plugin"]  # fmt: skip
     # F16 has the compiled kernel (priority 10) above the NumPy one
     assert pm.kernels.get("cpu_simd", "matmul", "F16").plugin == "forge_cpu_jit.plugin"
 
@@ -454,7 +455,7 @@ def test_forge_plugins_can_exclude_the_example(example_plugin, monkeypatch, allo
     pm = quiet_create()
     assert pm.infos["example"].status == "skipped"
     assert "example_remote" not in pm.backends
-    assert pm.kernels.get("cpu_simd", "matmul", "F32").plugin == "forge_cpu_simd.plugin"
+    assert pm.kernels.get("cpu_simd", "matmul", "F32").plugin == "forge_cpu_jit.plugin"  # built-in
     assert "cpu_simd" in pm.backends  # built-ins always load
 
 

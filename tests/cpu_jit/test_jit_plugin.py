@@ -33,7 +33,10 @@ def test_registered_above_numpy_and_shown_by_forge_kernels(fresh_forge_env, caps
     for t in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "F16", "BF16"):
         won = kernels.get("cpu_simd", "matmul", t)
         assert (won.plugin, won.priority) == ("forge_cpu_jit.plugin", 10)
-    assert kernels.get("cpu_simd", "matmul", "F32").plugin != "forge_cpu_jit.plugin"
+    f32 = [(k.plugin, k.priority) for k in kernels.candidates("cpu_simd", "matmul", "F32")]
+    assert ("forge_cpu_jit.plugin", 10) in f32  # (the example plugin, when installed, wins F32)
+    for op in ("attention", "decode_attention"):  # compiled, batch-invariant attention
+        assert kernels.get("cpu_simd", op, "*").plugin == "forge_cpu_jit.plugin"
     assert main(["kernels", "--json"]) == 0
     want = ("cpu_simd", "matmul", "Q4_K")
     entry = next(

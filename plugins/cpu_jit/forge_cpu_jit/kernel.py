@@ -22,8 +22,9 @@ import numpy as np
 
 log = logging.getLogger("forge")
 
-# The types it registers for (F32 stays with NumPy: its float32 matrix is the file's own data).
-TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4",
+# The types it registers for. F32 too, though NumPy could use the file's own float32 matrix: the
+# compiled product reduces each row in the same order whatever the batch (batch invariance).
+TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
 
 

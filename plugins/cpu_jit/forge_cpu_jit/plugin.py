@@ -2,7 +2,8 @@
 
 It registers one kernel object (`forge_cpu_jit.kernel.JitMatmul`) for op "matmul" of backend
 "cpu_simd" on every weight type it computes, at `PRIORITY` (above the built-in NumPy kernel's 0),
-exactly as a third-party kernel plugin would: `forge kernels` shows it winning, and the config key
+exactly as a third-party kernel plugin would, and the "attention" and "decode_attention" ops
+(`attention_op.py`, batch invariant): `forge kernels` shows them winning, and the config key
 ``kernels = "builtin"`` (``FORGE_KERNELS=builtin``) makes cpu_simd run its own NumPy kernels.
 Registering imports nothing heavy; numba is imported when a model's weights are prepared, and if
 it is missing or a kernel fails to compile forge says so once and the NumPy kernel runs.
@@ -11,6 +12,7 @@ it is missing or a kernel fails to compile forge says so once and the NumPy kern
 from __future__ import annotations
 
 import forge
+from forge_cpu_jit.attention_op import CompiledAttention, CompiledDecodeAttention
 from forge_cpu_jit.kernel import TYPES, JitMatmul
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
@@ -23,3 +25,6 @@ _KERNEL = JitMatmul()  # one object for every type: weights of different types c
 def forge_register_kernels(register) -> None:  # noqa: ANN001
     for weight_type in TYPES:
         register("cpu_simd", "matmul", weight_type, _KERNEL, priority=PRIORITY)
+    # compiled attention: each row reduced in a fixed order (batch-invariant results)
+    register("cpu_simd", "attention", "*", CompiledAttention(), priority=PRIORITY)
+    register("cpu_simd", "decode_attention", "*", CompiledDecodeAttention(), priority=PRIORITY)

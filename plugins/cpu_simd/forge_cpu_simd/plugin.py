@@ -12,7 +12,7 @@ rows first:
   keeps the mapped bytes; the runner then counts the matrix as file bytes, and no float32 copy of
   it exists anywhere, the tied output head included). Optional `compile(weight_types)`: called
   once per model before any prepare, with the types that kernel will get.
-  forge_cpu_jit registers compiled "gguf" kernels at priority 10.
+  forge_cpu_jit registers compiled "gguf" kernels at priority 10 (and compiled attention ops).
 - "rms_norm": (x, weight, eps) -> x / sqrt(mean(x^2) + eps) * weight over the last axis.
 - "rope": (x [tokens, heads, head_dim], cos, sin, neox) rotates x in place (`ops.rope_tables`).
 - "attention": (q [n, H, D], k [T, Hkv, D], v [T, Hkv, Dv], q_pos, scale, window) -> [n, H, Dv],
