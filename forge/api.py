@@ -420,11 +420,14 @@ class _NoRunner(Runner):
 
 
 def kernel_table(pm: Any, config: Any) -> Any:
-    """The kernels a model runs under `config` (its `kernels` key: every plugin's, or only each
-    backend's own)."""
+    """The kernels a model runs under `config`: its `kernels` key (every plugin's, or only each
+    backend's own) and its `batch_invariant` key (batch-invariant kernels first)."""
+    table = pm.kernels
     if getattr(config, "kernels", "auto") == "builtin":
-        return pm.kernels.builtin_only({b: pm.backend_plugin(b) for b in pm.backends})
-    return pm.kernels
+        table = table.builtin_only({b: pm.backend_plugin(b) for b in pm.backends})
+    if getattr(config, "batch_invariant", False):
+        table = table.batch_invariant()
+    return table
 
 
 def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None:

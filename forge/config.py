@@ -77,6 +77,11 @@ class Config(BaseModel):
     # kernels`); "builtin": only the kernels of the backend's own plugin (on cpu_simd: NumPy, not
     # the compiled kernels of forge_cpu_jit)
     kernels: Literal["auto", "builtin"] = "auto"
+    # true: ops that have a batch-invariant kernel (a row's result independent of the other rows
+    # of its step; on cpu_simd the compiled attention of forge_cpu_jit) run it, so a request's
+    # tokens do not depend on what else the server runs. Off by default: on the default model
+    # it moves the logits within llama.cpp's rounding noise but past the golden bound.
+    batch_invariant: bool = False
     # tokens generated when a request, flag or call does not say (CLI, Python API and server
     # alike); -1 = until an end-of-generation token or the context is full
     max_tokens: int = Field(256, ge=-1)

@@ -7,10 +7,12 @@ third-party plugin that registers at the built-in priority still does not silent
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 ANY_TYPE = "*"  # weight_type for kernels that take no weights or accept every type
+INVARIANT_BOOST = 1 << 20  # priority added to batch-invariant kernels under batch_invariant
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,18 @@ class KernelTable:
 
     def keys(self) -> list[tuple[str, str, str]]:
         return sorted(self._by_key)
+
+    def batch_invariant(self) -> KernelTable:
+        """The table where, for each key, kernels marked `batch_invariant = True` (whose result
+        for a row does not depend on the other rows of the call) win over the others, whatever
+        their priority. What the config key ``batch_invariant = true`` runs."""
+        table = KernelTable()
+        for specs in self._by_key.values():
+            for spec in specs:
+                if getattr(spec.impl, "batch_invariant", False):
+                    spec = dataclasses.replace(spec, priority=spec.priority + INVARIANT_BOOST)
+                table.add(spec)
+        return table
 
     def builtin_only(self, owners: dict[str, str]) -> KernelTable:
         """The table with, for each backend, only the kernels its own plugin registered

@@ -1,6 +1,7 @@
-"""Batch invariance on cpu_simd with the compiled kernels: a sequence's logits at a position are
-bit-identical whatever else runs in the step (other sequences, their number and order) and however
-its prompt was chunked; and the compiled attention against a float64 reference."""
+"""Batch invariance on cpu_simd (config key batch_invariant: the compiled kernels and attention):
+a sequence's logits at a position are bit-identical whatever else runs in the step (other
+sequences, their number and order) and however its prompt was chunked; and the compiled attention
+against a float64 reference."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def _prefill(model, table, ids, chunk):
 @pytest.mark.parametrize("name", MODELS)
 def test_logits_do_not_depend_on_chunking_or_batch(name, golden_dir, no_third_party):
     model = forge.load(str(golden_dir / "models" / f"{name}.gguf"), backend="cpu_simd",
-                       n_ctx=1024)  # fmt: skip
+                       n_ctx=1024, config={"batch_invariant": True})  # fmt: skip
     rng = np.random.default_rng(0)
     vocab = model.spec.n_vocab
     prompts = [rng.integers(3, vocab, size=n).astype(np.int32) for n in (40, 9, 23, 31, 5, 17)]

@@ -35,8 +35,10 @@ def test_registered_above_numpy_and_shown_by_forge_kernels(fresh_forge_env, caps
         assert (won.plugin, won.priority) == ("forge_cpu_jit.plugin", 10)
     f32 = [(k.plugin, k.priority) for k in kernels.candidates("cpu_simd", "matmul", "F32")]
     assert ("forge_cpu_jit.plugin", 10) in f32  # (the example plugin, when installed, wins F32)
-    for op in ("attention", "decode_attention"):  # compiled, batch-invariant attention
-        assert kernels.get("cpu_simd", op, "*").plugin == "forge_cpu_jit.plugin"
+    for op in ("attention", "decode_attention"):  # NumPy's by default, compiled when invariant
+        assert kernels.get("cpu_simd", op, "*").plugin == "forge_cpu_simd.plugin"
+        won = kernels.batch_invariant().get("cpu_simd", op, "*")
+        assert won.plugin == "forge_cpu_jit.plugin" and won.impl.batch_invariant
     assert main(["kernels", "--json"]) == 0
     want = ("cpu_simd", "matmul", "Q4_K")
     entry = next(

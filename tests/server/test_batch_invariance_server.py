@@ -1,6 +1,6 @@
 """A request's text does not depend on what else the server runs: `forge serve` on the default
-model (cpu_simd), driven by the official `openai` client, answers four greedy prompts and one
-seeded sampled prompt the same alone and among 16 concurrent requests."""
+model (cpu_simd, `batch_invariant = true`), driven by the official `openai` client, answers four
+greedy prompts and one seeded sampled prompt the same alone and among 16 concurrent requests."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ SEEDED = {"prompt": "Tell me a story about a lighthouse.", "temperature": 0.9, "
 
 @pytest.fixture(scope="module")
 def client(default_model_path, tmp_path_factory):
-    # no third-party plugin: the example plugin's NumPy kernel would take F32 products
     srv = Server(default_model_path, tmp_path_factory.mktemp("inv"), "--max-batch", "16",
-                 env={"FORGE_PLUGINS": ""})  # fmt: skip
+                 env={"FORGE_BATCH_INVARIANT": "true"})  # fmt: skip
     yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
     srv.stop()
 

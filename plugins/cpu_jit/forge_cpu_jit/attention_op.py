@@ -9,48 +9,41 @@ as for the compiled matmul kernels.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from forge_cpu_jit.kernel import say_once
 
 _kernels = None  # forge_cpu_jit.attend once imported, False when it cannot be
-PARALLEL_MIN_KEYS = 4096  # (row, key) pairs below which one thread does the whole call
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
+PARALLEL_MIN_KEYS = 4096  # (row, key) pairs below which the calling thread does the whole call
 
 
-def _run_split(fn, args: tuple, keys_per_row: np.ndarray, out: np.ndarray) -> None:
-    """fn(*args, row0, row1, out) over all rows, the rows cut into one range per thread with
-    about equal numbers of keys (a row's result does not depend on the range it falls in)."""
-    global _executor
-    from forge_cpu_jit.pool import threads
+def _run_rows(entry_name: str, args: list, keys_per_row: np.ndarray) -> None:
+    """The entry over all rows, on the compiled kernels' thread pool when the call is large
+    enough (a row's result does not depend on the range it falls in)."""
+    from forge_cpu_jit import attend, jit, pool
 
-    n_threads, n = threads(), len(keys_per_row)
-    total = int(keys_per_row.sum())
-    if n_threads == 1 or n < 2 or total < PARALLEL_MIN_KEYS:
-        fn(*args, 0, n, out)
+    addr = jit.compiled_entry(entry_name, getattr(attend, "entry_" + entry_name))
+    packed = np.array(args, np.int64)
+    n = len(keys_per_row)
+    p = pool.get_pool()
+    if p.threads == 1 or n < 2 or int(keys_per_row.sum()) < PARALLEL_MIN_KEYS:
+        pool.run_inline(addr, packed.ctypes.data, n)
         return
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(n_threads - 1, thread_name_prefix="forge-cpu_jit-attn")
-    cuts = np.searchsorted(np.cumsum(keys_per_row), total * np.arange(1, n_threads) / n_threads)
-    bounds = [0, *np.minimum(cuts + 1, n).tolist(), n]
-    ranges = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-    others = [_executor.submit(fn, *args, a, b, out) for a, b in ranges[1:]]
-    fn(*args, *ranges[0], out)
-    for f in others:
-        f.result()
+    # about 4 chunks per thread (causal rows grow in cost), whole row tiles
+    tile = attend.ROW_TILE
+    step = max(1, -(-n // (4 * p.threads)))
+    step = -(-step // tile) * tile if n >= 2 * tile else step
+    p.run(addr, packed, n, step)
 
 
 def _compiled():  # noqa: ANN202
     global _kernels
     if _kernels is None:
         try:
-            from forge_cpu_jit import attend
+            from forge_cpu_jit import attend, jit
 
+            for name in ("attention", "decode_attention"):  # compiled (or cached) here, once
+                jit.compiled_entry(name, getattr(attend, "entry_" + name))
             _kernels = attend
         except Exception as exc:  # numba missing or broken: the matmul kernel says which
             why = f"{type(exc).__name__}: {exc}"
@@ -64,6 +57,14 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _bits(x: float) -> int:
+    return int(np.float32(x).view(np.uint32))
+
+
 def _sinks(sinks: np.ndarray | None, n_head: int) -> tuple[np.ndarray, bool]:
     if sinks is None:
         return np.zeros(n_head, np.float32), False
@@ -72,6 +73,8 @@ def _sinks(sinks: np.ndarray | None, n_head: int) -> tuple[np.ndarray, bool]:
 
 class CompiledAttention:
     """The "attention" op: one sequence's rows, causal and optionally windowed."""
+
+    batch_invariant = True  # chosen by the config key batch_invariant (forge.kernels)
 
     def __call__(self, q, k, v, q_pos, scale, window, sinks=None):  # noqa: ANN001, ANN204
         kernels = _compiled()
@@ -83,15 +86,20 @@ class CompiledAttention:
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
         s, use = _sinks(sinks, q.shape[1])
         q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
-        keys = np.minimum(q_pos + 1, k.shape[0]) - (np.maximum(q_pos - window + 1, 0) if window
-                                                    else 0)  # fmt: skip
-        args = (q, k, v, q_pos, np.float32(scale), int(window or 0), s, use)
-        _run_split(kernels.attention, args, keys, out)
+        window = int(window or 0)
+        first = np.maximum(q_pos - window + 1, 0) if window else 0
+        keys = np.minimum(q_pos + 1, k.shape[0]) - first
+        (n, h, d), (t, hkv), dv = q.shape, k.shape[:2], v.shape[2]
+        args = [_addr(q), n, h, d, _addr(k), t, hkv, _addr(v), dv, _addr(q_pos), _bits(scale),
+                window, _addr(s), int(use), _addr(out)]  # fmt: skip
+        _run_rows("attention", args, keys)
         return out
 
 
 class CompiledDecodeAttention:
     """The "decode_attention" op: one query row per sequence over its (right-padded) keys."""
+
+    batch_invariant = True
 
     def __call__(self, q, k, v, valid, scale, sinks=None):  # noqa: ANN001, ANN204
         kernels = _compiled()
@@ -104,7 +112,9 @@ class CompiledDecodeAttention:
         q, k, v = _f32(q), _f32(k), _f32(v)
         out = np.empty((q.shape[0], q.shape[1], v.shape[3]), np.float32)
         s, use = _sinks(sinks, q.shape[1])
-        n_keys = n_keys.astype(np.int64)
-        args = (q, k, v, n_keys, np.float32(scale), s, use)
-        _run_split(kernels.decode_attention, args, n_keys, out)
+        n_keys = np.ascontiguousarray(n_keys, dtype=np.int64)
+        (n, h, d), (t, hkv), dv = q.shape, k.shape[1:3], v.shape[3]
+        args = [_addr(q), n, h, d, _addr(k), t, hkv, _addr(v), dv, _addr(n_keys), _bits(scale),
+                _addr(s), int(use), _addr(out)]  # fmt: skip
+        _run_rows("decode_attention", args, n_keys)
         return out

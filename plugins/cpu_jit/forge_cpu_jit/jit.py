@@ -150,16 +150,21 @@ _TILE = gemm.TILE
 PARALLEL_MIN_MACS = 1 << 16  # smaller products run on the calling thread alone
 
 
-def _entry(name: str) -> int:
-    """The address of a compiled entry: a weight type's (generated.py, by `gemm.ENTRIES`) or
-    gemm.py's `entry_<name>` (compiled, or loaded from the cache, once)."""
-    addr = _entries.get(name)
+def compiled_entry(key: str, py_fn) -> int:  # noqa: ANN001
+    """The address of `py_fn`, an entry void(int64* args, int64 lo, int64 hi), compiled as a C
+    callback (or loaded from the cache) once per process."""
+    addr = _entries.get(key)
     if addr is None:
-        py_fn = gemm.ENTRIES.get(name.upper()) or getattr(gemm, "entry_" + name)
         fn = cfunc(_ENTRY_SIG, nopython=True, cache=True)(py_fn)
-        addr = _entries[name] = fn.address
+        addr = _entries[key] = fn.address
         _keep.append(fn)
     return addr
+
+
+def _entry(name: str) -> int:
+    """The address of a compiled entry: a weight type's (generated.py, by `gemm.ENTRIES`) or
+    gemm.py's `entry_<name>`."""
+    return compiled_entry(name, gemm.ENTRIES.get(name.upper()) or getattr(gemm, "entry_" + name))
 
 
 _keep: list = []  # the compiled entries stay alive as long as the process

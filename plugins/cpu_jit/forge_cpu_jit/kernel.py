@@ -118,6 +118,8 @@ class BlockGroup:
 class JitMatmul:
     """y = x @ W.T on the GGUF blocks of W, compiled with numba (see the module docstring)."""
 
+    batch_invariant = True  # mv and mm paths reduce each row in one order
+
     layout = "gguf"  # the prepared weights are the mapped blocks (forge_cpu_simd.loading)
 
     def __init__(self) -> None:

@@ -2,11 +2,12 @@
 
 It registers one kernel object (`forge_cpu_jit.kernel.JitMatmul`) for op "matmul" of backend
 "cpu_simd" on every weight type it computes, at `PRIORITY` (above the built-in NumPy kernel's 0),
-exactly as a third-party kernel plugin would, and the "attention" and "decode_attention" ops
-(`attention_op.py`, batch invariant): `forge kernels` shows them winning, and the config key
+exactly as a third-party kernel plugin would: `forge kernels` shows them winning, and the config key
 ``kernels = "builtin"`` (``FORGE_KERNELS=builtin``) makes cpu_simd run its own NumPy kernels.
 Registering imports nothing heavy; numba is imported when a model's weights are prepared, and if
 it is missing or a kernel fails to compile forge says so once and the NumPy kernel runs.
+The "attention" and "decode_attention" ops (`attention_op.py`) register below NumPy's and are
+marked batch invariant: the config key ``batch_invariant = true`` runs them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from forge_cpu_jit.kernel import TYPES, JitMatmul
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
 PRIORITY = 10
+INVARIANT_PRIORITY = -10
 
 _KERNEL = JitMatmul()  # one object for every type: weights of different types can be fused
 
@@ -25,6 +27,8 @@ _KERNEL = JitMatmul()  # one object for every type: weights of different types c
 def forge_register_kernels(register) -> None:  # noqa: ANN001
     for weight_type in TYPES:
         register("cpu_simd", "matmul", weight_type, _KERNEL, priority=PRIORITY)
-    # compiled attention: each row reduced in a fixed order (batch-invariant results)
-    register("cpu_simd", "attention", "*", CompiledAttention(), priority=PRIORITY)
-    register("cpu_simd", "decode_attention", "*", CompiledDecodeAttention(), priority=PRIORITY)
+    # compiled attention, each row reduced in a fixed order: below NumPy's (0), chosen by the
+    # config key batch_invariant (its objects say `batch_invariant = True`)
+    register("cpu_simd", "attention", "*", CompiledAttention(), priority=INVARIANT_PRIORITY)
+    register("cpu_simd", "decode_attention", "*", CompiledDecodeAttention(),
+             priority=INVARIANT_PRIORITY)  # fmt: skip
