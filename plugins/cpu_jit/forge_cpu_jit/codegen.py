@@ -25,10 +25,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
+from forge_cpu_jit.quant import act_views
 from forge_cpu_jit.simd import (
     as_f32_ptr,
-    as_i8_ptr,
-    as_i32_ptr,
     as_u8_ptr,
     dot4,
     fma,
@@ -178,10 +177,7 @@ def _entry(t: str) -> list[str]:
         f'    """{t} weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""',
         "    a = carray(args, 12)",
         "    raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))",
-        "    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))",
-        "    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))",
-        "    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))",
-        "    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))",
+        "    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])",
         "    out = carray(as_f32_ptr(a[9]), (a[4], a[10]))",
         "    if a[4] == 1:",
         f"        mv_{low}(raw, xq, xs, xls, xsl, out, a[11], lo, hi)",

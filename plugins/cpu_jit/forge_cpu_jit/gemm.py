@@ -27,11 +27,9 @@ import numpy as np
 from numba import carray, njit
 
 from forge_cpu_jit.generated import _INLINE, _NB, ENTRIES, TILE, _float_1x4, _float_4x4
-from forge_cpu_jit.quant import f16_to_f32, q8_0_rows, q8_k_rows, round_rows
+from forge_cpu_jit.quant import act_views, f16_to_f32, q8_0_rows, q8_k_rows, round_rows
 from forge_cpu_jit.simd import (
     as_f32_ptr,
-    as_i8_ptr,
-    as_i32_ptr,
     as_u8_ptr,
     bits_to_f32,
     load_bf16x16,
@@ -104,22 +102,14 @@ def entry_act_q8_0(args, lo, hi):  # noqa: ANN001
     """Activation rows lo..hi rounded to Q8_0 (`QUANT_ARGS`)."""
     a = carray(args, 8)
     x = carray(as_f32_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[1], a[4]))
-    xs = carray(as_f32_ptr(a[5]), (a[1], a[4] // 4))
-    xls = carray(as_i32_ptr(a[6]), (a[1], a[4] // 4))
-    xsl = carray(as_f32_ptr(a[7]), (a[1], a[4] // 4))
-    q8_0_rows(x, xq, xs, xls, xsl, lo, hi)
+    q8_0_rows(x, *act_views(a[1], a[4], a[3], a[5], a[6], a[7]), lo, hi)
 
 
 def entry_act_q8_k(args, lo, hi):  # noqa: ANN001
     """Activation rows lo..hi rounded to Q8_K (`QUANT_ARGS`)."""
     a = carray(args, 8)
     x = carray(as_f32_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[1], a[4]))
-    xs = carray(as_f32_ptr(a[5]), (a[1], a[4] // 4))
-    xls = carray(as_i32_ptr(a[6]), (a[1], a[4] // 4))
-    xsl = carray(as_f32_ptr(a[7]), (a[1], a[4] // 4))
-    q8_k_rows(x, xq, xs, xls, xsl, lo, hi)
+    q8_k_rows(x, *act_views(a[1], a[4], a[3], a[5], a[6], a[7]), lo, hi)
 
 
 def entry_act_round(args, lo, hi):  # noqa: ANN001

@@ -8,10 +8,9 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
+from forge_cpu_jit.quant import act_views
 from forge_cpu_jit.simd import (
     as_f32_ptr,
-    as_i8_ptr,
-    as_i32_ptr,
     as_u8_ptr,
     dot4,
     fma,
@@ -368,10 +367,7 @@ def entry_q4_0(args, lo, hi):  # noqa: ANN001
     """Q4_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q4_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -433,10 +429,7 @@ def entry_q4_1(args, lo, hi):  # noqa: ANN001
     """Q4_1 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q4_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -496,10 +489,7 @@ def entry_q5_0(args, lo, hi):  # noqa: ANN001
     """Q5_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q5_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -561,10 +551,7 @@ def entry_q5_1(args, lo, hi):  # noqa: ANN001
     """Q5_1 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q5_1(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -624,10 +611,7 @@ def entry_q8_0(args, lo, hi):  # noqa: ANN001
     """Q8_0 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q8_0(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -687,10 +671,7 @@ def entry_mxfp4(args, lo, hi):  # noqa: ANN001
     """MXFP4 weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_mxfp4(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -752,10 +733,7 @@ def entry_q2_k(args, lo, hi):  # noqa: ANN001
     """Q2_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q2_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -815,10 +793,7 @@ def entry_q3_k(args, lo, hi):  # noqa: ANN001
     """Q3_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q3_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -880,10 +855,7 @@ def entry_q4_k(args, lo, hi):  # noqa: ANN001
     """Q4_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q4_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -945,10 +917,7 @@ def entry_q5_k(args, lo, hi):  # noqa: ANN001
     """Q5_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q5_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)
@@ -1008,10 +977,7 @@ def entry_q6_k(args, lo, hi):  # noqa: ANN001
     """Q6_K weight rows lo..hi of the product described by `args` (`ENTRY_ARGS`)."""
     a = carray(args, 12)
     raw = carray(as_u8_ptr(a[0]), (a[1], a[2]))
-    xq = carray(as_i8_ptr(a[3]), (a[4], a[5]))
-    xs = carray(as_f32_ptr(a[6]), (a[4], a[5] // 4))
-    xls = carray(as_i32_ptr(a[7]), (a[4], a[5] // 4))
-    xsl = carray(as_f32_ptr(a[8]), (a[4], a[5] // 4))
+    xq, xs, xls, xsl = act_views(a[4], a[5], a[3], a[6], a[7], a[8])
     out = carray(as_f32_ptr(a[9]), (a[4], a[10]))
     if a[4] == 1:
         mv_q6_k(raw, xq, xs, xls, xsl, out, a[11], lo, hi)

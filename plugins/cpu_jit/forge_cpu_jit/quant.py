@@ -18,11 +18,20 @@ f32 scale 1 / iscale), for the K-quants.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
-from forge_cpu_jit.simd import bits_to_f32, f32_to_bits
+from forge_cpu_jit.simd import as_f32_ptr, as_i8_ptr, as_i32_ptr, bits_to_f32, f32_to_bits
 
 _NB = {"nogil": True, "cache": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_NB)
+def act_views(m, kp, xq, xs, xls, xsl):  # noqa: ANN001, ANN201
+    """The buffers above for m rows of padded length kp, as arrays over their addresses (how the
+    compiled entries receive them): (xq, xs, xls, xsl)."""
+    lanes = (m, kp // 4)
+    return (carray(as_i8_ptr(xq), (m, kp)), carray(as_f32_ptr(xs), lanes),
+            carray(as_i32_ptr(xls), lanes), carray(as_f32_ptr(xsl), lanes))  # fmt: skip
 
 
 @njit(inline="always", **_NB)
