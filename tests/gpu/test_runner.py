@@ -55,6 +55,18 @@ def test_mixed_batch_and_graph_decode_match_prefill(rt, golden_dir, name):
         runner.close()
 
 
+def _three_sequences_at_decode(runner):
+    """Three random prompts (9, 14 and 5 tokens) prefilled but their last token, and the decode
+    step that feeds those: (rng, seqs, tables, batch)."""
+    rng = np.random.default_rng()
+    v = runner.spec.n_vocab
+    seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (9, 14, 5)]
+    tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32) for i in range(3)]
+    runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
+    batch = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
+    return rng, seqs, tables, batch
+
+
 def test_forward_sample_picks_on_the_device(rt, golden_dir):
     """forward_sample against the host reference on the logits of the same step: graph-replayed
     decode (a batch mixing sampled, greedy and no-output sequences), the same step without graphs,
@@ -63,12 +75,7 @@ def test_forward_sample_picks_on_the_device(rt, golden_dir):
 
     runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
-        rng = np.random.default_rng()
-        v = runner.spec.n_vocab
-        seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (9, 14, 5)]
-        tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32) for i in range(3)]
-        runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
-        batch = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
+        rng, seqs, tables, batch = _three_sequences_at_decode(runner)
         logits = [r[-1] for r in runner.forward(batch)]  # graph replay, logits
         mismatches = 0
         for graphs in (True, False):
@@ -98,12 +105,8 @@ def test_masked_picks_on_the_device(rt, golden_dir):
 
     runner = golden_runner(rt, golden_dir, "gemma3-q4_k_m.gguf")
     try:
-        rng = np.random.default_rng()
+        rng, seqs, tables, batch = _three_sequences_at_decode(runner)
         v = runner.spec.n_vocab
-        seqs = [rng.integers(1, v, size=n).astype(np.int32) for n in (9, 14, 5)]
-        tables = [np.arange(i * 8, i * 8 + 8, dtype=np.int32) for i in range(3)]
-        runner.forward([SeqBatch(s[:-1], 0, t, "none") for s, t in zip(seqs, tables)])
-        batch = [SeqBatch(s[-1:], len(s) - 1, t) for s, t in zip(seqs, tables)]
         logits = [r[-1] for r in runner.forward(batch)]
         allowed = rng.random((3, v)) < 0.01
         allowed[:, 1] = True
