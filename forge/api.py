@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.backend import Runner, SeqBatch, kv_type_args
+from forge.backend import Runner, SeqBatch, forward_in_chunks, kv_type_args
 from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
@@ -124,13 +124,7 @@ class Model:
         ids = self._check_ids(ids)
         table = self.kv.table()
         try:
-            rows = []
-            for lo in range(0, len(ids), PREFILL_CHUNK):
-                chunk = ids[lo : lo + PREFILL_CHUNK]
-                table.trim(lo)
-                table.ensure(lo + len(chunk))
-                batch = SeqBatch(chunk, lo, table.array(), "all", table.window_arrays())
-                rows.append(self.runner.forward([batch])[0])
+            rows = list(forward_in_chunks(self.runner, table, ids, 0, PREFILL_CHUNK))
             return np.concatenate(rows).astype(np.float32, copy=False)
         finally:
             table.release()

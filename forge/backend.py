@@ -257,6 +257,21 @@ class Runner(ABC):
         return {}
 
 
+def forward_in_chunks(runner: Runner, table, ids: np.ndarray, start: int, chunk: int,
+                      output: str = "all", last: str | None = None):  # fmt: skip
+    """Feed `ids` at positions start.. to `runner` in pieces of `chunk` tokens, as the engine
+    runs a prompt: window blocks the next piece no longer reads go back first (`table`: a
+    `forge.kv_pools.SeqBlocks`). Yields each piece's `forward` result; a piece asks for
+    `output`, the last one for `last` when given."""
+    for lo in range(0, len(ids), chunk):
+        piece = ids[lo : lo + chunk]
+        table.trim(start + lo)
+        table.ensure(start + lo + len(piece))
+        wanted = last if last is not None and lo + len(piece) == len(ids) else output
+        batch = SeqBatch(piece, start + lo, table.array(), wanted, table.window_arrays())
+        yield runner.forward([batch])[0]
+
+
 def kv_type_args(method: Callable, kv_types: KvTypes, backend: str) -> dict:
     """The keyword arguments passing `kv_types` to a backend's `open_runner` or
     `memory_needed`: none when no type was chosen (backends written before KV types still

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from forge.backend import SeqBatch
+from forge.backend import SeqBatch, forward_in_chunks
 from forge.scheduler import PREFILL_CHUNK
 
 
@@ -31,17 +31,10 @@ def _prompt(model, n: int, seed: int = 0) -> np.ndarray:
 
 
 def _prefill(model, table, ids: np.ndarray, start: int, output: str = "none"):
-    """Feed `ids` at positions start.. in prefill chunks, as the engine runs a prompt (window
-    blocks the next chunk no longer reads go back first); the last chunk's result."""
-    out = None
-    for lo in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[lo : lo + PREFILL_CHUNK]
-        table.trim(start + lo)
-        table.ensure(start + lo + len(chunk))
-        last = output if lo + len(chunk) == len(ids) else "none"
-        batch = SeqBatch(chunk, start + lo, table.array(), last, table.window_arrays())
-        out = model.runner.forward([batch])[0]
-    return out
+    """Feed `ids` at positions start.. in prefill chunks, as the engine runs a prompt; the last
+    chunk's result."""
+    outs = list(forward_in_chunks(model.runner, table, ids, start, PREFILL_CHUNK, "none", output))
+    return outs[-1] if outs else None  # no ids (depth 0): nothing fed
 
 
 def bench_prefill(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult:

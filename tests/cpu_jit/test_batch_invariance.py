@@ -13,7 +13,7 @@ pytest.importorskip("numba")
 from forge_cpu_jit.attention_op import CompiledAttention, CompiledDecodeAttention  # noqa: E402
 
 import forge  # noqa: E402
-from forge.backend import SeqBatch  # noqa: E402
+from forge.backend import SeqBatch, forward_in_chunks  # noqa: E402
 
 MODELS = ["gemma3-q4_k_m", "gpt-oss-mxfp4", "qwen3moe-q4_k_m", "llama-f32", "qwen2-q6_k"]
 
@@ -83,14 +83,7 @@ def no_third_party(fresh_forge_env, monkeypatch):
 
 def _prefill(model, table, ids, chunk):
     """Logits of every position of `ids`, fed in chunks of `chunk` tokens."""
-    outs = []
-    for lo in range(0, len(ids), chunk):
-        c = ids[lo : lo + chunk]
-        table.trim(lo)
-        table.ensure(lo + len(c))
-        batch = SeqBatch(c, lo, table.array(), "all", table.window_arrays())
-        outs.append(model.runner.forward([batch])[0])
-    return np.concatenate(outs)
+    return np.concatenate(list(forward_in_chunks(model.runner, table, ids, 0, chunk)))
 
 
 @pytest.mark.parametrize("name", MODELS)
