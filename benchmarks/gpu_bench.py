@@ -110,6 +110,12 @@ SHARE_GROUPS = {
     "add_norm": lambda name, i, n: name in ("add_norm", "add_norm_quant"),
     "output head": lambda name, i, n: i == n - 2,
     "embed + sample_rows": lambda name, i, n: name.startswith("embed") or name == "sample_rows",
+    "expert routing (moe_route)": lambda name, i, n: name == "moe_route",
+    "expert products (moe_glu, moe_down)": lambda name, i, n: name.startswith(
+        ("moe_glu", "moe_down")
+    ),
+    "expert x quantized (moe_quant)": lambda name, i, n: name == "moe_quant",
+    "expert sums (moe_combine)": lambda name, i, n: name == "moe_combine",
 }
 
 
@@ -169,9 +175,26 @@ def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100)
     return out
 
 
+def decode_fed(runner, prompt: np.ndarray, table: np.ndarray, n: int) -> float:
+    """Seconds of n greedy tokens taken as Model.generate takes them: each step fed on the
+    device from the last one's pick, started before that pick is read."""
+    from forge.backend import DeviceSampling, SeqBatch
+
+    tok = int(runner.forward_argmax([SeqBatch(prompt[:1], 0, table)])[0])
+    t = time.perf_counter()
+    one, fed = [DeviceSampling()], np.zeros(1, np.int32)
+    started = runner.start_sample([SeqBatch(np.array([tok], np.int32), 1, table)], one)
+    for i in range(1, n):
+        ahead = runner.start_sample([SeqBatch(fed, 1 + i, table)], one, [0], started)
+        started()
+        started = ahead
+    started()
+    return time.perf_counter() - t
+
+
 def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) -> dict:
     import forge
-    from forge.backend import DeviceSampling, SeqBatch
+    from forge.backend import SeqBatch
 
     path, label = model_path(key, work)
     t0 = time.perf_counter()
@@ -211,18 +234,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
         return time.perf_counter() - t
 
     def decode_ahead(n: int) -> float:
-        """n greedy tokens as Model.generate takes them: each step fed on the device from the
-        last one's pick, started before that pick is read."""
-        tok = int(runner.forward_argmax([SeqBatch(prompt[:1], 0, table)])[0])
-        t = time.perf_counter()
-        one, fed = [DeviceSampling()], np.zeros(1, np.int32)
-        started = runner.start_sample([SeqBatch(np.array([tok], np.int32), 1, table)], one)
-        for i in range(1, n):
-            ahead = runner.start_sample([SeqBatch(fed, 1 + i, table)], one, [0], started)
-            started()
-            started = ahead
-        started()
-        return time.perf_counter() - t
+        return decode_fed(runner, prompt, table, n)
 
     runner.launch.overlap = False  # A/B: graphs without overlapped (PDL) launches
     runner.graphs.clear()

@@ -8,15 +8,17 @@ import os
 from forge.errors import UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.kv_cache import KvFormat, KvTypes
-from forge.models.spec import DenseFFN, ModelSpec
+from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
 from forge_hip.contract import constants
 from forge_hip.kv import kv_bytes
-from forge_hip.workspace import workspace_bytes
+from forge_hip.library import ROUND_MODE
+from forge_hip.workspace import ROW_CAP, workspace_bytes
 
 MAX_HEAD_DIM = constants()["LAYER_MAX_D"]
 MAX_EMBD = 1024 * constants()["AN_PER"]  # add_norm holds a row in one block's registers
+MOE_MAX = {k: constants()[f"MOE_MAX_{k.upper()}"] for k in ("experts", "used", "pairs")}
 
 
 KV_FORMATS = (KvFormat.F16, KvFormat.F32)  # what the attention kernels read and write
@@ -57,12 +59,15 @@ def memory_needed(
     }
 
 
-def check_spec(spec: ModelSpec) -> None:
-    """Raise UnsupportedModelError naming what the hip kernels cannot run."""
-    if not isinstance(spec.ffn, DenseFFN):
-        raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
+def check_spec(spec: ModelSpec, gguf: GGUFFile | None = None) -> None:
+    """Raise UnsupportedModelError naming what the hip kernels cannot run (with `gguf`, the
+    weight types are checked too)."""
     if spec.attention.sinks or spec.attention.out_bias:
         raise UnsupportedModelError("hip has no kernels for attention sinks or an output bias")
+    if isinstance(spec.ffn, ExpertFFN):
+        _check_experts(spec.ffn, spec, gguf)
+    elif not isinstance(spec.ffn, DenseFFN):
+        raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
     rope_kinds = {layer.rope.kind for layer in spec.layers} - {"none", "linear"}
     if rope_kinds:
         raise UnsupportedModelError(f"hip has no kernels for RoPE scaling {sorted(rope_kinds)}")
@@ -74,3 +79,22 @@ def check_spec(spec: ModelSpec) -> None:
         raise UnsupportedModelError(f"hip supports n_embd up to {MAX_EMBD}")
     if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
         raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
+
+
+def _check_experts(f: ExpertFFN, spec: ModelSpec, gguf: GGUFFile | None) -> None:
+    """moe.hip's limits: experts per layer, experts per token, pairs of a pass; expert
+    matrices whose products round x to int8 blocks (quantized types it decodes)."""
+    if f.n_expert > MOE_MAX["experts"]:
+        raise UnsupportedModelError(f"hip runs up to {MOE_MAX['experts']} experts per layer, "
+                                    f"not {f.n_expert}")  # fmt: skip
+    if f.n_expert_used > MOE_MAX["used"] or ROW_CAP * f.n_expert_used > MOE_MAX["pairs"]:
+        raise UnsupportedModelError(f"hip runs up to {MOE_MAX['used']} experts per token, "
+                                    f"not {f.n_expert_used}")  # fmt: skip
+    if gguf is None:
+        return
+    for i in range(spec.n_layer):
+        for m in ("gate", "up", "down"):
+            t = gguf.tensors[f"blk.{i}.ffn_{m}_exps.weight"].type
+            if ROUND_MODE.get(t) not in (1, 2):
+                raise UnsupportedModelError(f"hip has no expert kernels for {t} weights "
+                                            f"(blk.{i}.ffn_{m}_exps.weight)")  # fmt: skip

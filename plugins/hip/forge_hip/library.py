@@ -22,6 +22,7 @@ TYPE_SUFFIX = {
 }  # fmt: skip
 
 MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* kernel suffixes
+MOE_VARIANTS = ("r1", "r8", "gen", "mma")  # moe.hip's moe_glu_* / moe_down_* suffixes
 ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
 
 
@@ -80,7 +81,7 @@ BUILTIN_OPS = {
 
 
 def plan_kernels() -> set[str]:
-    """Every kernel the launch plan can launch (forge_hip.plan and forge_hip.products): the
+    """Every kernel the launch plan can launch (forge_hip.plan, .products, .experts): the
     kernel sources declare exactly these (tests/hip/test_contract.py)."""
     mvq = [f"mvq_{k}_{v}" for k in ("multi", "glu") for v in (*MVQ_VARIANTS, "r1n")]
     return {
@@ -92,6 +93,8 @@ def plan_kernels() -> set[str]:
         "mask_logits",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
         *(f"attn_prefill_{d}" for d in (64, 128, 256)),
+        "moe_route", "moe_quant", "moe_combine",
+        *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
     }  # fmt: skip
 
 

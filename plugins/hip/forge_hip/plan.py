@@ -3,8 +3,9 @@
 Per layer and step, the attention part: the Q/K/V product, attention (decode: one launch doing
 Q/K norm + RoPE, the KV store and split attention with its merge; else qk-norm + RoPE + KV store,
 then attention), the output product; then the FFN part (dense: the gate/up product with the
-activation fused, the down product). Between parts one add + norm makes the next part's input;
-it often runs inside or just before the next product's launch (`forge_hip.products.Fused`).
+activation fused, the down product; a mixture of experts: `forge_hip.experts`). Between parts
+one add + norm makes the next part's input; it often runs inside or just before the next
+product's launch (`forge_hip.products.Fused`).
 After the last layer: the output product, then (decode, or when ids are asked for) one token per
 row picked on the device (sampling.hip: argmax or the top-k/top-p/min-p/temperature draw).
 
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 
 from forge.kernels import KernelTable
 from forge.kv_cache import KvFormat
-from forge.models.spec import DenseFFN, ModelSpec
+from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge_hip.arena import WeightArena
 from forge_hip.contract import constants
 from forge_hip.executor import Launcher
+from forge_hip.experts import ExpertLaunches, Experts
 from forge_hip.library import (
     ATT_THREADS,
     BUILTIN_OPS,
@@ -83,6 +85,7 @@ class Plan:
         self.feed_ids = lib.get("feed_ids")
         self.mask_logits = lib.get("mask_logits")
         self.products = p = Products(kernels, self.op, lib, arena, ws, launch, warp, tune)
+        self.experts = Experts(spec, p, lib, ws) if isinstance(spec.ffn, ExpertFFN) else None
         self.attention, self.ffn = [], []
         for i in range(spec.n_layer):
             self.attention.append(self._attention_part(f"blk.{i}."))
@@ -119,12 +122,15 @@ class Plan:
         qkv = self.products.add([(p + f"attn_{x}.weight", ws.h, y, v(p + f"attn_{x}.bias"))
                                  for x, y in (("q", ws.q), ("k", ws.k), ("v", ws.v))])  # fmt: skip
         wo = self.products.add([(p + "attn_output.weight", ws.attn, ws.o, 0)])
+        ffn_norm = getattr(self.spec.ffn, "norm", "ffn_norm")  # (gpt-oss: post_attention_norm)
+        post = v(p + "post_attention_norm.weight") if ffn_norm != "post_attention_norm" else 0
         return AttentionLaunches(v(p + "attn_norm.weight"), qkv, wo, v(p + "attn_q_norm.weight"),
-                                 v(p + "attn_k_norm.weight"),
-                                 v(p + "post_attention_norm.weight"))  # fmt: skip
+                                 v(p + "attn_k_norm.weight"), post)  # fmt: skip
 
-    def _ffn_part(self, p: str) -> DenseFFNLaunches:
+    def _ffn_part(self, p: str) -> DenseFFNLaunches | ExpertLaunches:
         ffn, ws, v = self.spec.ffn, self.ws, self._vector
+        if self.experts is not None:
+            return self.experts.part(p)
         if not isinstance(ffn, DenseFFN):
             raise TypeError(f"no hip launches for FFN part {type(ffn).__name__}")
         gate_up = self.products.add([(p + "ffn_gate.weight", ws.h, ws.g, 0),
@@ -148,11 +154,14 @@ class Plan:
             splits = min(splits, max(1, self.tune.att_fill * cus // (rows * s.n_head)))
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
-        def add_norm(o, w_post, w_next, first, count):
-            """x += post(o) (when o); h = norm(x) * w_next: launched, or left to the launch of
-            the product of descriptors first .. first + count - 1 (norm_fusable,
+        def add_norm(o, w_post, w_next, first, count, fuse=True):
+            """x += post(o) (when o); h = norm(x) * w_next: launched, or (`fuse`) left to the
+            launch of the product of descriptors first .. first + count - 1 (norm_fusable,
             norm_quantizable), which it returns (Fused)."""
             head = first == self.out_h
+            if not fuse:
+                self._add_norm(rows, res[0], o, w_post, w_next)
+                return None
             if self.products.norm_quantizable(first, count, rows, head):
                 return Fused("q", [res[0], o, w_post, w_next, s.rms_eps])
             if o and self.products.norm_fusable(first, count, rows):
@@ -169,9 +178,13 @@ class Plan:
         norm = add_norm(0, 0, first.norm, first.qkv, 3)
         for i, (attn, ffn) in enumerate(zip(self.attention, self.ffn)):
             self._attention(i, attn, rows, splits, meta, kv, decode, norm)
-            norm = add_norm(ws.o, attn.post_norm, ffn.norm, ffn.gate_up, 2)
-            self.products.glu(ffn.gate_up, rows, ffn.act, norm)
-            self.products.matmul(ffn.down, 1, rows)
+            if isinstance(ffn, ExpertLaunches):  # (its launches read ws.h: no fused add_norm)
+                add_norm(ws.o, attn.post_norm, ffn.norm, ffn.router, 1, fuse=False)
+                self.experts.run(ffn, rows)
+            else:
+                norm = add_norm(ws.o, attn.post_norm, ffn.norm, ffn.gate_up, 2)
+                self.products.glu(ffn.gate_up, rows, ffn.act, norm)
+                self.products.matmul(ffn.down, 1, rows)
             if i + 1 < s.n_layer:
                 nxt = self.attention[i + 1]
                 norm = add_norm(ws.o, ffn.post_norm, nxt.norm, nxt.qkv, 3)

@@ -117,6 +117,15 @@ class Products:
             self.mats.append((p, impl))
         return first
 
+    def add_placed(self, mats: list[tuple[Placed, int, int, int]]) -> int:
+        """Descriptors for weights already placed (the built-in kernels' only: expert
+        matrices, forge_hip.experts); returns the first one's index."""
+        first = len(self.descs)
+        for p, x, y, bias in mats:
+            self.descs.append(descriptor(p, x, y, bias))
+            self.mats.append((p, BUILTIN_MATMUL))
+        return first
+
     def upload(self) -> None:
         """The descriptor tables to the device: ws.descs, and ws.descs_p whose x is the
         activations rounded as llama.cpp rounds them for each type (prefill products)."""

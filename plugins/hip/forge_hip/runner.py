@@ -62,7 +62,7 @@ class HipRunner(Runner):
     ):
         from forge_hip.runtime import open_runtime
 
-        check_spec(spec)
+        check_spec(spec, gguf)
         self.kv_format = kv_format(spec, gguf, kv_types)  # refused before a device is opened
         self.spec = spec
         self.arena = self.ws = self.kv = self.meta = self.picked = self.masks = None

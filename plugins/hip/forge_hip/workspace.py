@@ -6,7 +6,7 @@ chunks). Logits are produced for at most `out_rows` rows at a time (bounded by O
 
 from __future__ import annotations
 
-from forge.models.spec import ModelSpec
+from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import align
 from forge_hip.contract import constants
 from forge_hip.runtime.base import DeviceBuffer, Runtime
@@ -58,12 +58,34 @@ def buffer_sizes(spec: ModelSpec, n_desc: int, tune: Tuning = DEFAULT) -> dict[s
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
         # int8 x of decode products (mmv.hip, 32 rows) and of mmq.hip launches (64 rows)
         "xq": 2 * (64 * widest + 16 * widest),
+        **expert_buffer_sizes(spec),
+    }
+
+
+def expert_buffer_sizes(spec: ModelSpec) -> dict[str, int]:
+    """The buffers of forge_hip.experts (none for a dense FFN): per (row, slot) pair of a pass
+    its expert, weight, sorted place, x rounded in sorted order, gate/up and down outputs."""
+    f = spec.ffn
+    if not isinstance(f, ExpertFFN):
+        return {}
+    pairs = ROW_CAP * f.n_expert_used
+    return {
+        "moe_logits": 4 * ROW_CAP * f.n_expert,
+        "moe_ids": 4 * pairs,
+        "moe_w": 4 * pairs,
+        "moe_order": 4 * pairs,
+        "moe_pos": 4 * pairs,
+        "moe_tiles": 4 * 3 * (pairs + f.n_expert),  # (expert, first pair, pairs) per tile
+        "moe_xq": 2 * (pairs * max(spec.n_embd, f.n_ff) * 5 // 4),
+        "moe_g": 4 * pairs * f.n_ff,
+        "moe_y": 4 * pairs * spec.n_embd,
     }
 
 
 def n_descs(spec: ModelSpec) -> int:
-    """Matrix descriptors: per layer Q, K, V, O, gate, up, down; two for the output head."""
-    return 7 * spec.n_layer + 2
+    """Matrix descriptors: per layer Q, K, V, O, gate, up, down (and a router); two for the
+    output head."""
+    return 8 * spec.n_layer + 2
 
 
 def workspace_bytes(spec: ModelSpec, tune: Tuning = DEFAULT) -> int:

@@ -1,0 +1,148 @@
+"""Mixture-of-experts speed on hip: a shape twin of Qwen3-30B-A3B Q4_K_M (benchmarks/specs,
+built here by benchmarks/moe_twin.py on first use) decoding one sequence (tg128), prefilling 512
+tokens (pp512) and decoding 32 sequences at once; the decode figure against the active-parameter
+floor (the dense weights plus the chosen experts' bytes per token over the measured copy
+bandwidth) and the decode step's time per kernel.
+
+  python benchmarks/gpu_moe.py [--spec SPEC.json.gz] [--work DIR] [--out DIR]
+
+Prints a short table; writes gpu_moe.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_bench import copy_bandwidth, decode_fed, decode_shares  # noqa: E402
+
+DEFAULT_SPEC = ROOT / "benchmarks" / "specs" / "qwen3_30b_a3b_q4_k_m.spec.json.gz"
+BLOCK = 16  # KV block size of the tables made here
+
+
+def twin(spec: Path, work: Path) -> Path:
+    out = work / (spec.name.replace(".spec.json.gz", "") + "-twin.gguf")
+    if not out.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_twin.py"), str(spec),
+                        str(out), "--tool", str(ROOT / "scripts" / "gguf_twin.py")],
+                       check=True)  # fmt: skip
+        print(f"built {out.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+def active_bytes(spec, gguf) -> tuple[int, int]:
+    """(bytes all weights but the embedding, bytes one token reads: the dense ones and
+    n_expert_used / n_expert of every expert tensor)."""
+    from forge.models.weights import model_weights
+
+    f = spec.ffn
+    total = active = 0
+    for name in model_weights(spec):
+        if name == "token_embd.weight" and not spec.tied_output:
+            continue
+        nbytes = gguf.tensors[name].nbytes
+        total += nbytes
+        active += nbytes * f.n_expert_used // f.n_expert if "_exps." in name else nbytes
+    return total, active
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")))
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+
+    import forge
+    from forge.backend import SeqBatch
+
+    path = twin(args.spec, args.work)
+    t0 = time.perf_counter()
+    model = forge.load(str(path), backend="hip", n_ctx=8192)
+    load_s = time.perf_counter() - t0
+    runner, spec = model.runner, model.spec
+    bandwidth = copy_bandwidth(runner.rt)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(1, spec.n_vocab, size=512).astype(np.int32)
+    table = np.arange(1024 // BLOCK, dtype=np.int32)
+
+    def prefill() -> float:
+        t = time.perf_counter()
+        runner.forward([SeqBatch(prompt, 0, table, "last")])
+        return time.perf_counter() - t
+
+    prefill()  # warm-up (kernel compiles)
+    pp = min(prefill() for _ in range(3))
+    runner.launch.start_profile()
+    prefill()
+    pprof = runner.launch.stop_profile()
+
+    def decode_ahead(n: int) -> float:
+        return decode_fed(runner, prompt, table, n)
+
+    decode_ahead(8)
+    tg = min(decode_ahead(128) for _ in range(3))
+    prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
+    shares = decode_shares(runner, table)
+
+    b = args.batch
+    tables = [np.arange(s * 16, s * 16 + 16, dtype=np.int32) for s in range(b)]  # 256 positions
+
+    def batched(n: int) -> float:
+        toks = rng.integers(1, spec.n_vocab, size=b).astype(np.int32)
+        t = time.perf_counter()
+        for i in range(n):
+            batch = [SeqBatch(toks[s : s + 1], 64 + i, tables[s]) for s in range(b)]
+            toks = np.asarray(runner.forward_argmax(batch), np.int32)
+        return time.perf_counter() - t
+
+    batched(4)
+    tb = min(batched(64) for _ in range(2))
+    total, active = active_bytes(spec, model.gguf)
+    tok_s = 128 / tg
+    result = {
+        "model": path.name,
+        "device": runner.rt.props.name,
+        "load_s": round(load_s, 1),
+        "copy_bandwidth_GBs": round(bandwidth / 1e9, 1),
+        "weight_bytes": total,
+        "active_bytes_per_token": active,
+        "decode_tg128_tok_s": round(tok_s, 1),
+        "decode_floor_tok_s": round(bandwidth / active, 1),
+        "decode_share_of_floor": round(tok_s * active / bandwidth, 3),
+        "prefill_pp512_tok_s": round(512 / pp, 1),
+        f"batched_decode_{b}_seqs_tok_s": round(b * 64 / tb, 1),
+        "decode_step_us_by_group": shares,
+        "decode_step_kernel_ms": {
+            k: [n, round(ms, 4)] for k, (n, ms) in sorted(prof.items(), key=lambda kv: -kv[1][1])
+        },  # fmt: skip
+        "prefill_kernel_ms": {
+            k: [n, round(ms, 3)] for k, (n, ms) in sorted(pprof.items(), key=lambda kv: -kv[1][1])
+        },  # fmt: skip
+    }
+    runner.close()
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "gpu_moe.json").write_text(json.dumps(result, indent=1))
+    print(f"| model | tg128 | floor | pp512 | {b} seqs |\n|---|---|---|---|---|")
+    print(f"| {path.name} | {tok_s:.1f} tok/s | {bandwidth / active:.0f} tok/s "
+          f"({100 * tok_s * active / bandwidth:.0f}%) | {512 / pp:.0f} tok/s | "
+          f"{b * 64 / tb:.0f} tok/s |")  # fmt: skip
+    print("decode step (us, in the graph):", ", ".join(f"{k} {v}" for k, v in shares.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

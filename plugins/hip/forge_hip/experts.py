@@ -1,0 +1,150 @@
+"""The mixture-of-experts FFN of the hip plan (kernels/moe.hip), for R token rows of ws.h:
+
+1. the router's product (a plain descriptor: any weight type, bias when the model has one) into
+   ws.moe_logits;
+2. moe_route, one block: each row's experts and weights, the R k (row, slot) pairs sorted by
+   expert and cut into tiles of at most RM pairs of one expert, all on the device;
+3. moe_quant: the pairs' rows of ws.h, in sorted order, rounded to int8 blocks as the decode
+   products round them; moe_glu_<V>: every chosen expert's gate/up product with the activation,
+   one launch whose blocks each take some weight rows of one tile's expert (only chosen experts
+   are read; a tile's pairs share each weight row read);
+4. moe_quant of those outputs, moe_down_<V>: the down products the same way;
+5. moe_combine: each row's weighted sum of its pairs' outputs into ws.o.
+
+Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
+like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
+a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma"); "gen" when an expert
+matrix is Q2_K or Q3_K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from forge.models.spec import ExpertFFN, ModelSpec
+from forge_hip.arena import Placed
+from forge_hip.contract import constants
+from forge_hip.library import KernelLibrary
+from forge_hip.products import Products
+from forge_hip.tuning import MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
+from forge_hip.workspace import Workspace
+
+_C = constants()
+MOE_THREADS = _C["MOE_THREADS"]
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}  # moe_glu's act
+GATINGS = {"softmax": 0, "softmax_chosen": 1}  # moe_route's gating
+VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32}  # pairs per tile
+MMA_ROWS = 16 * _C["MMQ_WARPS"]  # weight rows per block of the mma variant
+COMBINE_THREADS = 256
+
+
+@dataclass(frozen=True)
+class ExpertLaunches:
+    """One layer's mixture of experts: its norm weights and descriptors."""
+
+    norm: int  # the FFN's input norm weight
+    post_norm: int  # post_ffw_norm.weight (0: none)
+    router: int  # descriptor of the router's product
+    gate_up: int  # first of the gate, up descriptors (expert 0; BIAS: [n_expert, N] or 0)
+    down: int
+    types: tuple[str, ...]  # the gate, up and down weight types
+
+
+def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
+    """moe_glu_<V> / moe_down_<V> for `pairs` (row, slot) pairs over `n_expert` experts."""
+    if MVQ_GEN & set(types):
+        return "gen"
+    per_expert = pairs / n_expert
+    if per_expert <= 2:
+        return "r1"
+    if per_expert <= 8:
+        return "r8"
+    return "mma"  # (every type but Q2_K/Q3_K is one of MMQ_TYPES)
+
+
+def block_rows(v: str, lanes: int) -> int:
+    """Weight rows one block of moe_glu_<v> / moe_down_<v> takes (lanes: per row, mmv.h's)."""
+    return MMA_ROWS if v == "mma" else MVQ_THREADS // lanes
+
+
+def max_tiles(pairs: int, rm: int, n_expert: int) -> int:
+    """Most tiles `pairs` sorted pairs make at `rm` pairs a tile: one partial tile per expert."""
+    return -(-pairs // rm) + min(n_expert, pairs)
+
+
+class Experts:
+    """Descriptors and launches of the mixture-of-experts parts of one model."""
+
+    def __init__(self, spec: ModelSpec, products: Products, lib: KernelLibrary, ws: Workspace):
+        if not isinstance(spec.ffn, ExpertFFN):
+            raise TypeError("Experts needs a model whose FFN is a mixture of experts")
+        self.spec, self.f, self.products, self.lib, self.ws = spec, spec.ffn, products, lib, ws
+
+    def part(self, prefix: str) -> ExpertLaunches:
+        """Descriptors of one layer's router and experts (prefix "blk.<i>.")."""
+        f, ws, placed = self.f, self.ws, self.products.arena.placed
+
+        def vector(name: str) -> int:
+            p = placed.get(name)
+            return p.ptr if p is not None else 0
+
+        def expert0(name: str) -> Placed:  # expert 0's rows; expert e's follow at e N rows
+            p = placed[name]
+            return Placed(p.ptr, p.type, p.k, p.n // f.n_expert, p.row_bytes)
+
+        router = self.products.add([(prefix + "ffn_gate_inp.weight", ws.h, ws.moe_logits,
+                                     vector(prefix + "ffn_gate_inp.bias"))])  # fmt: skip
+        mats = {m: expert0(f"{prefix}ffn_{m}_exps.weight") for m in ("gate", "up", "down")}
+        gate_up = self.products.add_placed(
+            [(mats[m], 0, ws.moe_g if m == "gate" else 0, vector(f"{prefix}ffn_{m}_exps.bias"))
+             for m in ("gate", "up")])  # fmt: skip
+        down = self.products.add_placed(
+            [(mats["down"], 0, ws.moe_y, vector(prefix + "ffn_down_exps.bias"))]
+        )
+        return ExpertLaunches(vector(f"{prefix}{f.norm}.weight"),
+                              vector(prefix + "post_ffw_norm.weight"), router, gate_up, down,
+                              tuple(m.type for m in mats.values()))  # fmt: skip
+
+    def run(self, part: ExpertLaunches, rows: int) -> None:
+        """The mixture over `rows` rows of ws.h into ws.o (ws.o = sum of the chosen experts'
+        outputs times their weights)."""
+        f, s, ws, lib, launch = self.f, self.spec, self.ws, self.lib, self.products.launch
+        k, pairs = f.n_expert_used, rows * f.n_expert_used
+        v = variant(part.types, pairs, f.n_expert)
+        rm = VARIANT_RM[v]
+        tiles = max_tiles(pairs, rm, f.n_expert)
+        self.products.matmul(part.router, 1, rows)
+        launch(lib.get("moe_route"), (1,), (MOE_THREADS,),
+               [ws.moe_logits, rows, f.n_expert, k, GATINGS[f.gating], int(f.norm_weights),
+                f.weights_scale, rm, tiles, ws.moe_ids, ws.moe_w, ws.moe_order, ws.moe_pos,
+                ws.moe_tiles])  # fmt: skip
+        gate_up_types, down_types = list(part.types[:2]), [part.types[2]]
+        need = self._quantize(ws.h, ws.moe_order, k, s.n_embd, pairs, gate_up_types)
+        lanes = mvq_lanes(gate_up_types, s.n_embd, rm, f.n_ff)
+        launch(lib.get(f"moe_glu_{v}"), (-(-f.n_ff // block_rows(v, lanes)), tiles),
+               (MVQ_THREADS,),
+               [ws.descs, part.gate_up, ws.moe_tiles, ws.moe_xq, pairs, s.n_embd, need, lanes,
+                ACTIVATIONS[f.activation], f.swiglu_alpha, f.swiglu_limit])  # fmt: skip
+        need = self._quantize(ws.moe_g, 0, 1, f.n_ff, pairs, down_types)
+        lanes = mvq_lanes(down_types, f.n_ff, rm, s.n_embd)
+        launch(
+            lib.get(f"moe_down_{v}"),
+            (-(-s.n_embd // block_rows(v, lanes)), tiles),
+            (MVQ_THREADS,),
+            [ws.descs, part.down, ws.moe_tiles, ws.moe_xq, pairs, f.n_ff, need, lanes],
+        )
+        launch(lib.get("moe_combine"), (rows,), (COMBINE_THREADS,),
+               [ws.moe_y, ws.moe_pos, ws.moe_w, k, s.n_embd, ws.o])  # fmt: skip
+
+    def _quantize(self, x: int, order: int, kk: int, k: int, pairs: int, types: list[str]) -> int:
+        """Rows order[i] / kk (order 0: row i) of x [*, k] for `pairs` rows into ws.moe_xq,
+        rounded for `types`; returns the copies made (mvq_need)."""
+        need = mvq_need(types)
+        tasks = pairs * -(-k // 256)
+        self.products.launch(
+            self.lib.get("moe_quant"),
+            (-(-tasks // (MVQ_THREADS // 32)),),
+            (MVQ_THREADS,),
+            [x, order, kk, self.ws.moe_xq, k, pairs, need],
+        )
+        return need

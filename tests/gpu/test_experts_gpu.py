@@ -1,0 +1,91 @@
+"""moe.hip on the GPU: the router's choices against cpu_simd's NumPy routing, and whole
+mixture-of-experts models against cpu_simd at row counts that take each kernel variant (the
+golden checks against llama.cpp are in test_golden_gpu.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import forge
+from forge.models.spec import ExpertFFN
+from tests.support.golden_rules import BOUNDS, logit_errors, weight_class
+
+
+def _route_ref(ffn: ExpertFFN, logits: np.ndarray):
+    from forge_cpu_simd.experts import ExpertFFNBlock
+
+    return ExpertFFNBlock.route(SimpleNamespace(f=ffn), logits)
+
+
+@pytest.mark.parametrize("gating,norm", [("softmax", True), ("softmax", False),
+                                         ("softmax_chosen", False)])  # fmt: skip
+@pytest.mark.parametrize("rows,n_expert,k,rm", [(1, 128, 8, 1), (37, 8, 2, 8), (512, 128, 8, 32),
+                                                (300, 32, 4, 1)])  # fmt: skip
+def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, k, rm):
+    """Chosen experts and weights as cpu_simd's routing (ties to the lower id), the pairs
+    sorted by expert, and tiles of at most rm pairs of one expert covering them."""
+    from forge_hip.experts import GATINGS, MOE_THREADS, max_tiles
+
+    rng = np.random.default_rng(rows * n_expert)
+    logits = rng.standard_normal((rows, n_expert)).astype(np.float32) * 3
+    logits[:, 5] = logits[:, 2]  # exact ties in every row
+    ffn = ExpertFFN(n_expert=n_expert, n_expert_used=k, n_ff=64, gating=gating,
+                    norm_weights=norm, weights_scale=1.5)  # fmt: skip
+    pairs, tiles = rows * k, max_tiles(rows * k, rm, n_expert)
+    ids, w, order, pos = (dev.poisoned(4 * pairs) for _ in range(4))
+    tl = dev.poisoned(12 * tiles)
+    rt.launch(lib.get("moe_route"), (1,), (MOE_THREADS,),
+              [dev.put(logits), rows, n_expert, k, GATINGS[gating], int(norm), 1.5, rm, tiles,
+               ids, w, order, pos, tl])  # fmt: skip
+    ref_ids, ref_w = _route_ref(ffn, logits)
+    got_ids = dev.get(ids, (rows, k), np.int32)
+    np.testing.assert_array_equal(got_ids, ref_ids)
+    np.testing.assert_allclose(dev.get(w, (rows, k)), ref_w, rtol=2e-6, atol=1e-7)
+    flat = ref_ids.ravel()
+    sorted_pairs = dev.get(order, (pairs,), np.int32)
+    # every pair once, grouped by expert in ascending order (within an expert any order)
+    np.testing.assert_array_equal(np.sort(sorted_pairs), np.arange(pairs))
+    assert (np.diff(flat[sorted_pairs]) >= 0).all()
+    np.testing.assert_array_equal(dev.get(pos, (pairs,), np.int32)[sorted_pairs], np.arange(pairs))
+    t = dev.get(tl, (tiles, 3), np.int32)
+    live = t[t[:, 2] > 0]
+    assert (live[:, 2] <= rm).all() and live[:, 2].sum() == pairs
+    assert (live[1:, 1] == live[:-1, 1] + live[:-1, 2]).all() and live[0, 1] == 0
+    for e, s0, c in live:
+        assert (flat[sorted_pairs[s0 : s0 + c]] == e).all()
+    assert (t[len(live) :, 2] == 0).all()  # the tiles past the last do nothing
+
+
+@pytest.mark.parametrize("forced", [None, "r1", "r8", "gen"])
+@pytest.mark.parametrize("model_file", ["qwen3moe-q4_k_m.gguf", "qwen3moe-q8_0.gguf"])
+def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_dir, monkeypatch,
+                                                report):  # fmt: skip
+    """Logits of prompts of 1, 24 and 300 tokens on hip and cpu_simd, within the golden bound
+    of the model's weights: the planned variants (r1, r8, mma for these pass sizes) and each
+    dot-product variant forced at every size (tiles of 1 or 8 pairs for 512 pairs of a pass;
+    gen: the decoder of every type, the one Q2_K/Q3_K experts take)."""
+    from forge_hip import experts
+
+    monkeypatch.setenv("FORGE_HIP_KV", "f32")
+    if forced is not None:
+        monkeypatch.setattr(experts, "variant", lambda *a: forced)
+    path = str(golden_dir / "models" / model_file)
+    gpu = forge.load(path, backend="hip", n_ctx=512)
+    cpu = forge.load(path, backend="cpu_simd", n_ctx=512)
+    f = gpu.runner.spec.ffn
+    try:
+        rng = np.random.default_rng(7)
+        seen, worst = set(), 0.0
+        for n in (1, 24, 300):
+            tokens = rng.integers(3, gpu.n_vocab, n).tolist()
+            seen.add(experts.variant(("Q4_K",), min(n, 256) * f.n_expert_used, f.n_expert))
+            mx, _ = logit_errors(gpu.logits(tokens), cpu.logits(tokens))
+            worst = max(worst, mx)
+        assert seen == ({"r1", "r8", "mma"} if forced is None else {forced})
+    finally:
+        gpu.runner.close()
+    report.append(f"moe hip vs cpu {model_file:22s} {forced or 'planned':7s} max {worst:.2e}")
+    assert worst <= BOUNDS[weight_class(model_file)][0], worst

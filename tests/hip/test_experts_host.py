@@ -1,0 +1,105 @@
+"""The hip plan of a mixture of experts without a GPU (a recording fake runtime): which moe.hip
+launches a pass makes for its row count, that their grids depend on the rows only (so decode
+steps are captured once and replayed), and the workspace and refusals around them. The
+arithmetic runs on the device (tests/gpu/test_experts_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forge.backend import SeqBatch
+from forge.errors import UnsupportedModelError
+from forge.gguf import open_gguf
+from forge.models import build_spec
+from forge.plugins import get_plugin_manager
+from tests.support.fake_runtime import FakeRuntime
+
+MODEL = "qwen3moe-q4_k_m.gguf"
+
+
+def _runner(golden_dir, rt, name=MODEL):
+    from forge_hip.runner import HipRunner
+
+    gguf = open_gguf(str(golden_dir / "models" / name))
+    return HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt)
+
+
+def _moe_launches(rt) -> list[tuple[str, tuple]]:
+    return [(n, g) for n, g, _ in rt.launches if n.startswith("moe_")]
+
+
+@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r1"), (24, "r8"), (300, "mma")])
+def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
+    golden_dir, rows, variant
+):
+    from forge_hip.experts import max_tiles
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt)
+    f = runner.spec.ffn
+    runner.allocate_kv(64, 16)
+    rt.launches.clear()
+    tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
+    runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
+    moe = _moe_launches(rt)
+    per_layer = ["moe_route", "moe_quant", f"moe_glu_{variant}", "moe_quant",
+                 f"moe_down_{variant}", "moe_combine"]  # fmt: skip
+    assert [n for n, _ in moe] == per_layer * runner.spec.n_layer
+    pairs = rows * f.n_expert_used
+    rm = {"r1": 1, "r8": 8, "mma": 32}[variant]
+    for name, grid in moe:
+        if name.startswith(("moe_glu", "moe_down")):
+            assert grid[1] == max_tiles(pairs, rm, f.n_expert)  # every possible tile a block row
+        if name == "moe_route":
+            assert grid == (1,)
+    # the router: one product per layer whose output is moe_route's first argument
+    routes = [a for n, a in rt.launch_args if n == "moe_route"]
+    assert {a[0] for a in routes} == {runner.ws.moe_logits} and routes[0][1:4] == [rows, 8, 2]
+
+
+def test_decode_steps_replay_one_graph_with_the_expert_launches(golden_dir):
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt)
+    runner.allocate_kv(64, 16)
+    runner.forward([SeqBatch(np.arange(1, 6, dtype=np.int32), 0, np.arange(1), "last")])
+    rt.launches.clear()
+    for pos in range(5, 9):
+        runner.forward([SeqBatch(np.array([7], np.int32), pos, np.arange(1), "last")])
+    captured = [n for n, _, capturing in rt.launches if capturing]
+    assert captured.count("moe_route") == runner.spec.n_layer  # captured once ...
+    assert rt.replays >= 3  # ... and replayed for the later steps
+    assert not [n for n, _, capturing in rt.launches if n.startswith("moe_") and not capturing]
+
+
+def test_workspace_holds_every_pair_of_a_full_pass(golden_dir):
+    from forge_hip.workspace import ROW_CAP, buffer_sizes, n_descs
+
+    spec = build_spec(open_gguf(str(golden_dir / "models" / MODEL)))
+    sizes = buffer_sizes(spec, n_descs(spec))
+    pairs = ROW_CAP * spec.ffn.n_expert_used
+    assert sizes["moe_y"] == 4 * pairs * spec.n_embd and sizes["moe_g"] == 4 * pairs * spec.ffn.n_ff
+    assert sizes["moe_tiles"] >= 12 * pairs  # one-pair tiles: a tile per pair at least
+    dense = build_spec(open_gguf(str(golden_dir / "models" / "qwen3-q8_0.gguf")))
+    assert not [k for k in buffer_sizes(dense, n_descs(dense)) if k.startswith("moe_")]
+
+
+def test_expert_weights_the_kernels_do_not_decode_are_refused_by_name(golden_dir):
+    from forge_hip.capacity import check_spec
+
+    gguf = open_gguf(str(golden_dir / "models" / "gpt-oss-mxfp4.gguf"))
+    spec = build_spec(gguf)
+    plain = spec.model_copy(update={"attention": spec.attention.model_copy(
+        update={"sinks": False, "out_bias": False})})  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match=r"MXFP4 weights \(blk\.0\.ffn_gate_exps"):
+        check_spec(plain, gguf)
+
+
+def test_too_many_experts_per_token_are_refused(golden_dir):
+    from forge_hip.capacity import check_spec
+
+    spec = build_spec(open_gguf(str(golden_dir / "models" / MODEL)))
+    many = spec.model_copy(update={"ffn": spec.ffn.model_copy(
+        update={"n_expert": 64, "n_expert_used": 32})})  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match=r"up to 16 experts per token, not 32"):
+        check_spec(many)
