@@ -49,6 +49,13 @@ class ExpertLaunches:
     down: int
     types: tuple[str, ...]  # the gate, up and down weight types
 
+    @property
+    def first_product(self) -> tuple[int, int, bool]:
+        """(first descriptor, count, whether the add_norm making x may fuse into it) of the
+        product reading this part's input: the router's; never fused (the expert launches read
+        ws.h too)."""
+        return self.router, 1, False
+
 
 def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
     """moe_glu_<V> / moe_down_<V> for `pairs` (row, slot) pairs over `n_expert` experts."""
@@ -105,9 +112,9 @@ class Experts:
                               vector(prefix + "post_ffw_norm.weight"), router, gate_up, down,
                               tuple(m.type for m in mats.values()))  # fmt: skip
 
-    def run(self, part: ExpertLaunches, rows: int) -> None:
+    def run(self, part: ExpertLaunches, rows: int, norm: None = None) -> None:
         """The mixture over `rows` rows of ws.h into ws.o (ws.o = sum of the chosen experts'
-        outputs times their weights)."""
+        outputs times their weights); `norm` is always None (first_product)."""
         f, s, ws, lib, launch = self.f, self.spec, self.ws, self.lib, self.products.launch
         k, pairs = f.n_expert_used, rows * f.n_expert_used
         v = variant(part.types, pairs, f.n_expert)

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from forge.kernels import KernelTable
 from forge.kv_cache import KvFormat
-from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
+from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import WeightArena
 from forge_hip.contract import constants
+from forge_hip.dense_ffn import DenseFFNs
 from forge_hip.executor import Launcher
-from forge_hip.experts import ExpertLaunches, Experts
+from forge_hip.experts import Experts
 from forge_hip.library import (
     ATT_THREADS,
     BUILTIN_OPS,
@@ -39,7 +40,6 @@ from forge_hip.workspace import PART_ROWS, Workspace
 ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
 AP_THREADS = constants()["AP_THREADS"]
 PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the gated kernels' act argument
 MASK_BLOCKS = 8  # mask_logits blocks per row (a 262144-token row: 8192 words)
 
 
@@ -53,17 +53,6 @@ class AttentionLaunches:
     q_norm: int
     k_norm: int
     post_norm: int
-
-
-@dataclass(frozen=True)
-class DenseFFNLaunches:
-    """One layer's dense FFN part."""
-
-    norm: int  # ffn_norm.weight
-    gate_up: int  # first of the gate, up descriptors
-    down: int
-    post_norm: int
-    act: int  # ACTIVATIONS
 
 
 class Plan:
@@ -85,11 +74,12 @@ class Plan:
         self.feed_ids = lib.get("feed_ids")
         self.mask_logits = lib.get("mask_logits")
         self.products = p = Products(kernels, self.op, lib, arena, ws, launch, warp, tune)
-        self.experts = Experts(spec, p, lib, ws) if isinstance(spec.ffn, ExpertFFN) else None
+        experts = isinstance(spec.ffn, ExpertFFN)
+        self.ffns = Experts(spec, p, lib, ws) if experts else DenseFFNs(spec, p, ws)
         self.attention, self.ffn = [], []
         for i in range(spec.n_layer):
             self.attention.append(self._attention_part(f"blk.{i}."))
-            self.ffn.append(self._ffn_part(f"blk.{i}."))
+            self.ffn.append(self.ffns.part(f"blk.{i}."))
         out = "token_embd.weight" if spec.tied_output else "output.weight"
         self.out_h = p.add([(out, ws.h, ws.logits, 0)])
         self.out_g = p.add([(out, ws.hg, ws.logits, 0)])
@@ -126,19 +116,6 @@ class Plan:
         post = v(p + "post_attention_norm.weight") if ffn_norm != "post_attention_norm" else 0
         return AttentionLaunches(v(p + "attn_norm.weight"), qkv, wo, v(p + "attn_q_norm.weight"),
                                  v(p + "attn_k_norm.weight"), post)  # fmt: skip
-
-    def _ffn_part(self, p: str) -> DenseFFNLaunches | ExpertLaunches:
-        ffn, ws, v = self.spec.ffn, self.ws, self._vector
-        if self.experts is not None:
-            return self.experts.part(p)
-        if not isinstance(ffn, DenseFFN):
-            raise TypeError(f"no hip launches for FFN part {type(ffn).__name__}")
-        gate_up = self.products.add([(p + "ffn_gate.weight", ws.h, ws.g, 0),
-                                     (p + "ffn_up.weight", ws.h, ws.u, 0)])  # fmt: skip
-        down = self.products.add([(p + "ffn_down.weight", ws.g, ws.o, 0)])
-        post = v(p + "post_ffw_norm.weight")
-        return DenseFFNLaunches(v(p + "ffn_norm.weight"), gate_up, down, post,
-                                ACTIVATIONS[ffn.activation])  # fmt: skip
 
     # -- the pass ---------------------------------------------------------------------------------
     def layers_pass(self, rows: int, splits: int, meta, kv, decode: bool = False) -> None:
@@ -178,13 +155,8 @@ class Plan:
         norm = add_norm(0, 0, first.norm, first.qkv, 3)
         for i, (attn, ffn) in enumerate(zip(self.attention, self.ffn)):
             self._attention(i, attn, rows, splits, meta, kv, decode, norm)
-            if isinstance(ffn, ExpertLaunches):  # (its launches read ws.h: no fused add_norm)
-                add_norm(ws.o, attn.post_norm, ffn.norm, ffn.router, 1, fuse=False)
-                self.experts.run(ffn, rows)
-            else:
-                norm = add_norm(ws.o, attn.post_norm, ffn.norm, ffn.gate_up, 2)
-                self.products.glu(ffn.gate_up, rows, ffn.act, norm)
-                self.products.matmul(ffn.down, 1, rows)
+            self.ffns.run(ffn, rows, add_norm(ws.o, attn.post_norm, ffn.norm,
+                                              *ffn.first_product))  # fmt: skip
             if i + 1 < s.n_layer:
                 nxt = self.attention[i + 1]
                 norm = add_norm(ws.o, ffn.post_norm, nxt.norm, nxt.qkv, 3)
