@@ -113,3 +113,24 @@ def test_logits_do_not_depend_on_chunking_or_batch(name, golden_dir, no_third_pa
     alone = step([0])
     for order in ([1, 0], [3, 0, 2, 4, 1], [5, 4, 3, 2, 1, 0], [0, 5, 1, 4, 2, 3]):
         assert np.array_equal(step(order), alone), order
+
+
+def test_weights_that_fall_back_to_numpy_stay_batch_invariant(golden_dir, monkeypatch):
+    """A weight the compiled kernels do not take (here: as if its type failed to compile) runs
+    on NumPy's kernel, whose BLAS sums a row differently with other rows beside it (8 rows of
+    this head: up to 1.9e-6 apart on this machine); through JitMatmul each row's bits are the
+    ones it gets alone."""
+    from forge_cpu_jit.kernel import BlockWeight, JitMatmul
+
+    from forge.gguf import open_gguf
+
+    gguf = open_gguf(str(golden_dir / "models" / "qwen2-q6_k.gguf"))
+    info = gguf.tensors["output.weight"]
+    jm = JitMatmul()
+    monkeypatch.setattr(jm, "ready", lambda type_name: False)
+    w = jm.prepare(gguf.raw("output.weight"), info)
+    assert not isinstance(w, BlockWeight)  # the NumPy kernel's weight
+    x = np.random.default_rng(0).standard_normal((8, info.shape[0])).astype(np.float32)
+    together = jm(x, w)
+    for i in range(len(x)):
+        assert np.array_equal(jm(x[i : i + 1], w)[0], together[i]), i

@@ -186,7 +186,12 @@ class JitMatmul:
     # -- running --------------------------------------------------------------------------
     def __call__(self, x: np.ndarray, w) -> np.ndarray:  # noqa: ANN001
         if not isinstance(w, BlockWeight | BlockGroup):
-            return self._numpy()(x, w)
+            # NumPy's BLAS takes other paths (and sums in other orders) for other row counts:
+            # one row at a time keeps the promise of batch_invariant for weights that fell back
+            numpy = self._numpy()
+            if x.ndim == 2 and x.shape[0] > 1:
+                return np.concatenate([numpy(x[i : i + 1], w) for i in range(x.shape[0])])
+            return numpy(x, w)
         from forge_cpu_jit import jit
 
         parts = w.parts if isinstance(w, BlockGroup) else [w]
