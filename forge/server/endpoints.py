@@ -253,6 +253,7 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
           "response_format cannot be combined with a tool_choice that forces a call "
           "(or with tools, for this model's template)", "response_format")  # fmt: skip
     messages, extra = (plan.messages, plan.template_vars) if plan else (body.chat_messages(), {})
+    extra = {**body.template_variables(), **extra}
     ids = await asyncio.to_thread(service.chat_prompt, messages, **extra)
     max_tokens = body.max_completion_tokens or body.max_tokens
     constraint = plan.constraint if plan else None

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -104,6 +112,11 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+# chat template variables forge sets itself (the conversation, its tokens, the tools)
+RESERVED_TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                               "tools"}  # fmt: skip
+
+
 class ChatRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
@@ -114,6 +127,26 @@ class ChatRequest(SamplingFields):
     tools: list[Any] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None  # None: as the template's style wants
+    # template variables: gpt-oss's harmony templates read reasoning_effort, Qwen3's
+    # enable_thinking (as vLLM's and llama-server's chat_template_kwargs)
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_variables(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(v or ()) & RESERVED_TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set through chat_template_kwargs")
+        return v
+
+    def template_variables(self) -> dict[str, Any]:
+        """The request's own chat template variables (reasoning_effort over the same key of
+        chat_template_kwargs)."""
+        out = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """Messages as the chat template wants them ("developer" is the newer "system")."""

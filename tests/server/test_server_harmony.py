@@ -60,3 +60,45 @@ def test_streamed_reply_splits_the_channels(client):
     assert "".join(d.get("content", "") for d in deltas) == ANSWER
     assert not any("<|" in v for d in deltas for v in d.values() if isinstance(v, str))
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.fixture
+def rendered(monkeypatch):
+    """The chat template variables of every prompt the server renders."""
+    from forge.server import service
+
+    seen: list[dict] = []
+    real = service.render_chat
+
+    def spy(template, messages, **variables):
+        seen.append(variables)
+        return real(template, messages, **variables)
+
+    monkeypatch.setattr(service, "render_chat", spy)
+    return seen
+
+
+@pytest.mark.parametrize("extra,effort", [({"reasoning_effort": "high"}, "high"),
+                                          ({"chat_template_kwargs": {"reasoning_effort": "low"}},
+                                           "low"),
+                                          ({}, None)])  # fmt: skip
+def test_reasoning_effort_reaches_the_harmony_system_message(client, rendered, extra, effort):
+    """reasoning_effort (OpenAI's field) or chat_template_kwargs (vLLM's, llama-server's) set
+    the template variable the harmony template writes as "Reasoning: ..." (medium without)."""
+    from forge.tokenizer.chat import render_chat
+    from forge.tokenizer.harmony import HARMONY_TEMPLATE
+
+    r = client.post("/v1/chat/completions", json=_body(max_tokens=2, **extra))
+    assert r.status_code == 200, r.text
+    assert rendered[-1].get("reasoning_effort") == effort
+    text = render_chat(HARMONY_TEMPLATE, MESSAGES, **rendered[-1])
+    assert f"Reasoning: {effort or 'medium'}\n" in text
+
+
+def test_template_variables_forge_sets_cannot_be_overridden(client):
+    reserved = {"messages": [], "bos_token": "x"}
+    r = client.post("/v1/chat/completions", json=_body(chat_template_kwargs=reserved))
+    assert r.status_code == 400
+    assert "bos_token, messages cannot be set through chat_template_kwargs" in r.text
+    r = client.post("/v1/chat/completions", json=_body(reasoning_effort="extreme"))
+    assert r.status_code == 400 and "reasoning_effort" in r.text
