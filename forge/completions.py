@@ -18,7 +18,7 @@ from typing import Any
 
 from forge.errors import UsageError
 from forge.tokenizer.chat import resolve_chat_template
-from forge.tokenizer.harmony import HarmonyStream, is_harmony, split_reply
+from forge.tokenizer.harmony import HarmonyStream, is_harmony, parse_reply
 from forge.toolcall import ToolPlan, plan_tools
 from forge.toolcall_stream import ReplyStream
 
@@ -89,13 +89,14 @@ def create_chat_completion(model: Any, messages: list[dict], *, stream: bool = F
     state = model.start(ids, constraint=constraint, **kwargs)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": _model_id(model)}  # fmt: skip
-    harmony = plan is None and is_harmony(template)  # channels: content and reasoning_content
+    # channels: content and reasoning_content (and the calls, with tools offered)
+    harmony = is_harmony(template) and (plan is None or plan.style == "harmony")
     if stream:
         return _chat_chunks(model, state, {**base, "object": "chat.completion.chunk"}, plan,
                             harmony)  # fmt: skip
     text = "".join(model.run(state))
     if harmony:
-        message, reason = harmony_message(text), state.finish_reason or "length"
+        message, reason = harmony_message(text, plan, state.finish_reason or "length")
     else:
         message, reason = reply_message(plan, text, state.finish_reason or "length")
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
@@ -122,8 +123,9 @@ def _chat_chunks(model: Any, state: Any, base: dict, plan: ToolPlan | None,
         channels = HarmonyStream()
         for piece in model.run(state):
             yield from (chunk(d) for d in channels.push(piece))
-        yield from (chunk(d) for d in channels.finish())
-        yield chunk({}, state.finish_reason or "length")
+        deltas, reason = harmony_finish(channels, plan, state.finish_reason or "length")
+        yield from (chunk(d) for d in deltas)
+        yield chunk({}, reason)
         return
     if plan is None:
         for piece in model.run(state):
@@ -159,14 +161,31 @@ def reply_message(plan: ToolPlan | None, text: str, reason: str) -> tuple[dict, 
     return message, reason
 
 
-def harmony_message(text: str) -> dict[str, Any]:
-    """The assistant message of a harmony reply: the final channel as ``content``, the
-    analysis channel as ``reasoning_content`` (when there is one), as llama-server returns."""
-    content, reasoning = split_reply(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+def harmony_message(text: str, plan: ToolPlan | None, reason: str) -> tuple[dict, str]:
+    """(the assistant message, finish reason) of a harmony reply: the final channel as
+    ``content``, the analysis channel as ``reasoning_content`` (when there is one), as
+    llama-server returns them; with tools offered, calls as ``tool_calls``."""
+    content, reasoning, found = parse_reply(text)
+    calls = plan.harmony_calls(found) if plan is not None else []
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
     if reasoning:
         message["reasoning_content"] = reasoning
-    return message
+    if calls:
+        message["tool_calls"] = [c.as_openai() for c in calls]
+        reason = "tool_calls" if reason == "stop" else reason
+    return message, reason
+
+
+def harmony_finish(channels: HarmonyStream, plan: ToolPlan | None,
+                   reason: str) -> tuple[list[dict], str]:  # fmt: skip
+    """The last deltas of a streamed harmony reply (text held back, then its calls) and the
+    finish reason."""
+    deltas = channels.finish()
+    calls = plan.harmony_calls(channels.calls) if plan is not None else []
+    if calls:
+        deltas.append({"tool_calls": [c.as_openai(i) for i, c in enumerate(calls)]})
+        reason = "tool_calls" if reason == "stop" else reason
+    return deltas, reason
 
 
 def _usage(state: Any) -> dict[str, int]:

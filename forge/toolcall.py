@@ -1,19 +1,23 @@
 """Tool calling: OpenAI ``tools`` rendered into the prompt, the reply parsed into tool calls.
 
-`plan_tools` looks at the chat template the model renders with and picks one of three styles:
+`plan_tools` looks at the chat template the model renders with and picks one of four styles:
 
 - ``hermes``: the template renders ``tools`` itself and its models answer with
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen 2.5/3, Hermes);
 - ``json``: the template renders ``tools`` and its models answer with a bare JSON object
   ``{"name": ..., "parameters": {...}}`` (Llama 3.x);
+- ``harmony``: gpt-oss's templates (`forge.tokenizer.harmony`): the template renders ``tools``
+  as a ``functions`` namespace and the model sends a call as a message to ``functions.<name>``
+  on its commentary channel;
 - ``generic``: the template knows nothing of tools (Gemma 3, the built-in templates): the tools
   and the answer format go into the system message, and the answer is always one JSON object,
   ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` or ``{"content": "..."}``, constrained
   by a JSON schema (small models need the help).
 
-``tool_choice`` "required" or a named function constrains every style to calls of the offered
-tools (arguments matching each tool's ``parameters`` schema); "auto" constrains only the generic
-style; "none" leaves the tools out of the prompt. `ToolPlan.parse` turns the reply into content
+``tool_choice`` "required" or a named function constrains the other styles to calls of the
+offered tools (arguments matching each tool's ``parameters`` schema; harmony replies are not
+constrained, so it is refused there); "auto" constrains only the generic style; "none" leaves
+the tools out of the prompt. `ToolPlan.parse` turns the reply into content
 and `ToolCall`s.
 """
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.errors import UsageError
+from forge.tokenizer.harmony import is_harmony, parse_reply
 
 GENERIC_INSTRUCTIONS = (
     "You can call these tools (JSON schemas of their arguments):\n{tools}\n\n"
@@ -55,7 +60,7 @@ class ToolCall:
 class ToolPlan:
     """How one request offers tools: what to render, what to constrain, how to parse."""
 
-    style: str  # "generic", "hermes" or "json"
+    style: str  # "generic", "hermes", "json" or "harmony"
     messages: list[dict]  # the conversation to render
     template_vars: dict[str, Any]  # extra template variables ({"tools": [...]} when native)
     constraint: dict[str, str] | None  # a `forge.sampling.params.Constraint`'s fields
@@ -65,12 +70,28 @@ class ToolPlan:
         """(content, calls) of a finished reply; content None when the reply is only calls."""
         if self.style == "generic":
             return self._parse_generic(text)
+        if self.style == "harmony":
+            content, _, found = parse_reply(text)
+            return (content or None), self.harmony_calls(found)
         if self.style == "hermes":
             calls = [c for block in _HERMES_BLOCK.findall(text) for c in self._calls(block)]
             rest = _HERMES_BLOCK.sub("", text).strip() if calls else text
             return (rest or None), calls
         calls = self._calls(text.strip().removeprefix("<|python_tag|>"))
         return (None, calls) if calls else (text, [])
+
+    def harmony_calls(self, found: list[tuple[str, str]]) -> list[ToolCall]:
+        """Calls of a harmony reply ((name, arguments text) pairs) to offered tools whose
+        arguments are JSON."""
+        calls = []
+        for name, arguments in found:
+            try:
+                json.loads(arguments)
+            except json.JSONDecodeError:
+                continue
+            if name in self.names:
+                calls.append(ToolCall(name, arguments))
+        return calls
 
     def _parse_generic(self, text: str) -> tuple[str | None, list[ToolCall]]:
         try:
@@ -143,6 +164,11 @@ def plan_tools(template: str, messages: list[dict], tools: Any, tool_choice: Any
     offered = _chosen(tools, tool_choice)
     names = frozenset(t["function"]["name"] for t in offered)
     forced = tool_choice != "auto"
+    if is_harmony(template):
+        if forced:
+            raise UsageError("tool_choice 'required' or a named function cannot be enforced "
+                             "for this model's (harmony) replies; use 'auto'")  # fmt: skip
+        return ToolPlan("harmony", messages, {"tools": tools}, None, names)
     native = "tools" in template
     style = ("hermes" if "<tool_call>" in template else "json") if native else "generic"
     parallel = native if parallel is None else parallel

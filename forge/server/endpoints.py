@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from forge.completions import harmony_message
+from forge.completions import harmony_finish, harmony_message
 from forge.generation import TokenEvent
 from forge.scheduler import Finished
 from forge.server.errors import APIError, bad_request, check
@@ -261,7 +261,10 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
                                                   constraint)  # fmt: skip
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # a harmony reply: its final channel is the content, its analysis the reasoning_content
-    harmony = plan is None and is_harmony(resolve_chat_template(service.model.tokenizer))
+    # (and its calls, with tools offered)
+    harmony = is_harmony(resolve_chat_template(service.model.tokenizer)) and (
+        plan is None or plan.style == "harmony"
+    )
 
     def lp(events: list[TokenEvent]) -> dict | None:
         return {"content": [_chat_logprob(service, e) for e in events]} if body.logprobs else None
@@ -275,7 +278,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         delta = {"index": 0, "delta": {"content": _SLOT}, "logprobs": None, "finish_reason": None}
         content_event = _sse_with_slot({**base, "choices": [delta]})
 
-        reply = ReplyStream(plan) if plan is not None else None  # content now, calls at the end
+        # content now, calls at the end
+        reply = ReplyStream(plan) if plan is not None and not harmony else None
         channels = HarmonyStream() if harmony else None
 
         def deltas_sse(deltas: list[dict], logprobs: dict | None = None) -> str:
@@ -300,7 +304,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
         def on_finish(done: Finished) -> str:
             reason, out = _finish_reason(done), ""
             if channels is not None:
-                out += deltas_sse(channels.finish())
+                deltas, reason = harmony_finish(channels, plan, reason)
+                out += deltas_sse(deltas)
             if reply is not None:
                 deltas, reason = reply.finish(reason)
                 for d in deltas:
@@ -317,10 +322,10 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
     done = gen.finished
     reason = _finish_reason(done)
     message = {"role": "assistant", "content": "".join(e.text for e in events)}
-    if plan is not None:
+    if harmony:
+        message, reason = harmony_message(message["content"], plan, reason)
+    elif plan is not None:
         message, reason = tool_message(plan, message["content"], reason)
-    elif harmony:
-        message = harmony_message(message["content"])
     choice = {"index": 0, "message": message, "logprobs": lp(events), "finish_reason": reason}
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created,
                          "model": service.id, "choices": [choice],

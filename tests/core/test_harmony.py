@@ -14,7 +14,7 @@ from forge.cli.chat import final_channel
 from forge.gguf import open_gguf
 from forge.tokenizer import tokenizer_from_metadata
 from forge.tokenizer.chat import render_chat, resolve_chat_template
-from forge.tokenizer.harmony import HarmonyStream, is_harmony, split_reply
+from forge.tokenizer.harmony import HarmonyStream, is_harmony, parse_reply
 from forge.tokenizer.template_info import template_source
 from tests.support.gguf_factory import rewrite_gguf
 from tests.support.moe_factory import moe_model
@@ -77,7 +77,8 @@ def test_tokenizer_follows_llama_cpp_for_harmony(gpt_oss):
 
 @pytest.mark.parametrize("step", [1, 3, 7, len(REPLY)])
 def test_reply_channels_whole_and_streamed(step):
-    content, reasoning = split_reply(REPLY)
+    content, reasoning, calls = parse_reply(REPLY)
+    assert calls == []
     assert (content, reasoning) == ("Hello! How can I help?", "The user greets; answer briefly.")
     stream, deltas = HarmonyStream(), []
     for at in range(0, len(REPLY), step):
@@ -89,19 +90,33 @@ def test_reply_channels_whole_and_streamed(step):
 
 
 @pytest.mark.parametrize(
-    "text, content, reasoning",
+    "text, content, reasoning, calls",
     [
-        ("no channels at all", "no channels at all", ""),
-        ("<|channel|>final<|message|>only the answer", "only the answer", ""),
+        ("no channels at all", "no channels at all", "", []),
+        ("<|channel|>final<|message|>only the answer", "only the answer", "", []),
         # the rendered form: <|end|> is a control token, dropped from the decoded text
         ("<|channel|>analysis<|message|>hmm<|start|>assistant<|channel|>final<|message|>ok",
-         "ok", "hmm"),
-        ("<|channel|>analysis<|message|>cut off mid-thought <|", "", "cut off mid-thought <|"),
-        ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", "{}", ""),
+         "ok", "hmm", []),
+        ("<|channel|>analysis<|message|>cut off mid-thought <|", "", "cut off mid-thought <|",
+         []),
+        # tool calls: the recipient in the channel header or in the role; <|call|> (the last
+        # token) is a control token too
+        ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}", "", "",
+         [("f", "{}")]),
+        ("<|channel|>analysis<|message|>need weather<|start|>assistant to=functions.get_weather"
+         '<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|>', "", "need weather",
+         [("get_weather", '{"city": "Oslo"}')]),
+        ("<|channel|>commentary<|message|>Checking.<|start|>assistant<|channel|>commentary "
+         "to=functions.a<|message|>{}<|start|>assistant<|channel|>commentary to=functions.b"
+         "<|message|>[1]", "Checking.", "", [("a", "{}"), ("b", "[1]")]),
     ],
 )  # fmt: skip
-def test_reply_shapes(text, content, reasoning):
-    assert split_reply(text) == (content, reasoning)
+def test_reply_shapes(text, content, reasoning, calls):
+    assert parse_reply(text) == (content, reasoning, calls)
+    stream = HarmonyStream()  # streamed a character at a time: the same calls, no call text
+    deltas = [d for c in text for d in stream.push(c)] + stream.finish()
+    assert stream.calls == calls
+    assert "".join(d.get("content", "") for d in deltas) == content
 
 
 def test_chat_command_keeps_the_final_channel_and_shows_the_analysis():
@@ -127,3 +142,39 @@ def test_chat_completion_returns_reasoning_content(gpt_oss):
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
     assert "".join(d.get("content", "") for d in deltas) == message["content"]
     assert gpt_oss.chat(messages, max_tokens=256, temperature=0) == "Hello! How can I help?"
+
+
+def test_python_api_returns_harmony_calls_as_tool_calls(tmp_path):
+    """forge's OpenAI-style API (create_chat_completion) on a gpt-oss model: a call to an
+    offered function comes back as tool_calls beside the analysis, whole and streamed; a call
+    to a function not offered is not a call."""
+    from forge.completions import create_chat_completion
+
+    model = forge.load(str(moe_model(tmp_path / "g.gguf", "gpt-oss")), backend="cpu_simd",
+                       n_ctx=512)  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    messages = [{"role": "user", "content": "Find x."}]
+    reply = (
+        "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.lookup <|constrain|>json<|message|>{"q": "x"}<|call|>'
+    )
+    script = ScriptedReplies(model)
+    script.expect(
+        model.chat_prompt(messages, tools=tools), model.tokenize(reply, add_special=False)
+    )
+    out = create_chat_completion(model, messages, tools=tools, max_tokens=300, temperature=0)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "Look it up."
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+        {"name": "lookup", "arguments": '{"q": "x"}'}]  # fmt: skip
+    chunks = list(create_chat_completion(model, messages, tools=tools, max_tokens=300,
+                                         temperature=0, stream=True))  # fmt: skip
+    calls = [c for ch in chunks for c in ch["choices"][0]["delta"].get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == ["lookup"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    other = [{"type": "function", "function": {"name": "other", "parameters": {}}}]
+    from forge.toolcall import plan_tools
+
+    plan = plan_tools(resolve_chat_template(model.tokenizer), messages, other)
+    assert plan.style == "harmony" and plan.parse(reply)[1] == []

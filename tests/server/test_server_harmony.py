@@ -23,6 +23,12 @@ ANSWER = "4"
 REPLY = (f"<|channel|>analysis<|message|>{REASONING}<|end|>"
          f"<|start|>assistant<|channel|>final<|message|>{ANSWER}<|return|>")  # fmt: skip
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+CALL_REPLY = ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+              "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+              '<|message|>{"city": "Oslo"}<|call|>')  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +39,8 @@ def client(tmp_path_factory):
         model = forge.load(str(path), backend="cpu_simd", n_ctx=512)
     script = ScriptedReplies(model)
     script.expect(model.chat_prompt(MESSAGES), model.tokenize(REPLY, add_special=False))
+    script.expect(model.chat_prompt(MESSAGES, tools=TOOLS),
+                  model.tokenize(CALL_REPLY, add_special=False))  # fmt: skip
     with TestClient(create_app(model, ServerConfig())) as c:
         yield c
 
@@ -102,3 +110,52 @@ def test_template_variables_forge_sets_cannot_be_overridden(client):
     assert "bos_token, messages cannot be set through chat_template_kwargs" in r.text
     r = client.post("/v1/chat/completions", json=_body(reasoning_effort="extreme"))
     assert r.status_code == 400 and "reasoning_effort" in r.text
+
+
+def test_a_call_to_an_offered_function_becomes_tool_calls(client):
+    """The harmony call (a commentary message to functions.get_weather) comes back as OpenAI's
+    tool_calls, its analysis as reasoning_content, whole and streamed."""
+    r = client.post("/v1/chat/completions", json=_body(tools=TOOLS))
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    message = choice["message"]
+    assert message["content"] is None and message["reasoning_content"] == "Need the weather."
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert choice["finish_reason"] == "tool_calls"
+
+    r = client.post("/v1/chat/completions", json=_body(tools=TOOLS, stream=True))
+    events = [json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
+    assert not "".join(d.get("content", "") for d in deltas)
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"] and calls[0]["index"] == 0
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_fallback_template_offers_tools_and_replays_calls():
+    """forge's harmony template (files without their own) writes the tools into the developer
+    message and an earlier assistant call, and its result, in the format's call form."""
+    from forge.tokenizer.chat import render_chat
+    from forge.tokenizer.harmony import HARMONY_TEMPLATE
+
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+    history = [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "name": "get_weather", "content": "12 C"}]  # fmt: skip
+    text = render_chat(HARMONY_TEMPLATE, history, tools=TOOLS)
+    assert ("<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n"
+            "## functions\n\nnamespace functions {\n\n// Current weather of a city.\n"
+            'type get_weather = (_: {"type": "object", "properties": {"city": {"type": '
+            '"string"}}}) => any;\n\n} // namespace functions<|end|>') in text  # fmt: skip
+    assert ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+            '<|message|>{"city": "Oslo"}<|call|><|start|>functions.get_weather to=assistant'
+            "<|channel|>commentary<|message|>12 C<|end|><|start|>assistant") in text  # fmt: skip
+    assert "# Tools" not in render_chat(HARMONY_TEMPLATE, MESSAGES)
+
+
+def test_a_forced_tool_choice_is_refused_for_harmony(client):
+    r = client.post("/v1/chat/completions", json=_body(tools=TOOLS, tool_choice="required"))
+    assert r.status_code == 400 and "harmony" in r.json()["error"]["message"]
