@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.backend import Runner, SeqBatch, forward_in_chunks, kv_type_args
+from forge.backend import Runner, SeqBatch, forward_in_chunks, kv_type_args, option_args
 from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
@@ -430,6 +430,7 @@ def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None
     extra = kv_type_args(backend.open_runner, kv_types, name)
     extra |= tensor_parallel_args(backend.open_runner, spec, gguf, config.tensor_parallel,
                                   config.device, pm.probe(name).devices, name)  # fmt: skip
+    extra |= option_args(backend.open_runner, expert_cache_mb=config.cpu_expert_cache_mb)
     try:
         return backend.open_runner(
             spec,

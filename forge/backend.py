@@ -283,6 +283,13 @@ def kv_type_args(method: Callable, kv_types: KvTypes, backend: str) -> dict:
     return {"kv_types": kv_types}
 
 
+def option_args(method: Callable, **options: object) -> dict:
+    """The `options` a backend's `open_runner` or `memory_needed` takes (a parameter of that
+    name): options of one backend (cpu_simd's expert cache) pass by the others unseen."""
+    params = inspect.signature(method).parameters
+    return {k: v for k, v in options.items() if k in params}
+
+
 class Backend(ABC):
     """A way to execute models. Subclasses are registered by plugins; `probe` must never raise."""
 

@@ -89,6 +89,9 @@ class Config(BaseModel):
     # backend's choice (cpu_simd float32; hip float16, or float32 for all-F32 weights)
     kv_cache_type_k: KvType = "auto"
     kv_cache_type_v: KvType = "auto"
+    # cpu_simd, a mixture of experts: MiB of prepared (float32) experts kept over all layers
+    # (the others stay in the mapped file until tokens are routed to them again)
+    cpu_expert_cache_mb: int = Field(2048, ge=0)
     log_level: LogLevel = "info"
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.backend import kv_type_args
+from forge.backend import kv_type_args, option_args
 from forge.cli.common import Context, add_command, print_json, print_table
 from forge.errors import ForgeError
 from forge.kv_cache import KvTypes
@@ -150,6 +150,8 @@ def memory_by_backend(ctx: Context, spec: Any, gguf: Any, n_ctx: int) -> dict[st
             kv_types = KvTypes.parse(ctx.config.kv_cache_type_k, ctx.config.kv_cache_type_v)
             backend = pm.backend(name)
             extra = kv_type_args(backend.memory_needed, kv_types, name)
+            extra |= option_args(backend.memory_needed,
+                                 expert_cache_mb=ctx.config.cpu_expert_cache_mb)  # fmt: skip
             needed = backend.memory_needed(spec, gguf, n_ctx, **extra) or {}
         except Exception as exc:  # a plugin's estimate must not take the command down
             row["error"] = f"{type(exc).__name__}: {exc}"

@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_cpu_simd import experts as experts_mod
-from forge_cpu_simd.experts import CACHE_ENV, ExpertFFNBlock, swiglu_oai
+from forge_cpu_simd.experts import ExpertFFNBlock, swiglu_oai
 from forge_cpu_simd.loading import layout
 from forge_cpu_simd.plugin import CpuSimdBackend
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 import forge
-from forge.errors import UsageError
+from forge.errors import ConfigError
 from forge.plugins import get_plugin_manager
 from tests.support.moe_factory import N_USED, moe_model
 
@@ -178,7 +178,7 @@ def test_a_tiny_cache_gives_the_same_logits(tmp_path, monkeypatch, models):
     path = moe_model(tmp_path / "m.gguf", "gpt-oss", Q.MXFP4)
     ids = models["gpt-oss", "MXFP4"].tokenize("ab an al ys is")
     want = forge.load(str(path), backend="cpu_simd", n_ctx=64).logits(ids)
-    monkeypatch.setenv(CACHE_ENV, "0")
+    monkeypatch.setenv("FORGE_CPU_EXPERT_CACHE_MB", "0")  # the config key cpu_expert_cache_mb
     small = forge.load(str(path), backend="cpu_simd", n_ctx=64)
     np.testing.assert_array_equal(small.logits(ids), want)
     for i in range(small.spec.n_layer):
@@ -186,11 +186,29 @@ def test_a_tiny_cache_gives_the_same_logits(tmp_path, monkeypatch, models):
         assert len(cache._items) == 1 and cache.prepared > N_USED  # evicted and prepared again
 
 
-def test_bad_cache_size_is_a_usage_error(tmp_path, monkeypatch):
+def test_bad_cache_size_is_a_config_error(tmp_path, monkeypatch):
     path = moe_model(tmp_path / "m.gguf", "qwen3moe", Q.F32)
-    monkeypatch.setenv(CACHE_ENV, "lots")
-    with pytest.raises(UsageError, match=rf"{CACHE_ENV}='lots'"):
+    monkeypatch.setenv("FORGE_CPU_EXPERT_CACHE_MB", "lots")
+    with pytest.raises(ConfigError, match=r"cpu_expert_cache_mb: .*'lots' .*FORGE_CPU_EXPERT"):
         forge.load(str(path), backend="cpu_simd", n_ctx=64)
+    with pytest.raises(ConfigError, match=r"cpu_expert_cache_mb: .*greater than or equal to 0"):
+        forge.load(str(path), backend="cpu_simd", n_ctx=64, config={"cpu_expert_cache_mb": -1})
+
+
+def test_the_cache_size_reaches_the_memory_estimate(tmp_path):
+    """forge inspect's estimate counts the prepared experts up to cpu_expert_cache_mb."""
+    from forge_cpu_simd.plugin import CpuSimdBackend
+
+    from forge.gguf import open_gguf
+    from forge.models import build_spec
+
+    gguf = open_gguf(str(moe_model(tmp_path / "m.gguf", "qwen3moe", Q.F32)))
+    spec = build_spec(gguf)
+    stored = sum(t.nbytes for n, t in gguf.tensors.items() if "_exps." in n)
+    backend = CpuSimdBackend()
+    none = backend.memory_needed(spec, gguf, 64, expert_cache_mb=0)["weights"]
+    full = backend.memory_needed(spec, gguf, 64)["weights"]
+    assert full - none == stored  # F32 experts: all of them fit the default 2048 MiB
 
 
 def test_swiglu_oai_clamps_as_gpt_oss():

@@ -3,52 +3,33 @@
 The stacked expert matrices stay in the memory-mapped GGUF file as they are stored: a mixture's
 experts are most of its weights (Qwen3-30B-A3B's would take over 100 GB as float32). An expert
 is prepared by the matmul kernel only when a token is routed to it, and a per-layer LRU keeps the
-recently used ones (`ExpertCache`, bounded by FORGE_CPU_EXPERT_CACHE_MB over all layers). Tokens
-are grouped by expert, so each chosen expert runs one product per matrix over just its tokens,
-and a decode step touches only the experts it chose.
+recently used ones (`ExpertCache`, bounded by the config key cpu_expert_cache_mb over all
+layers). Tokens are grouped by expert, so each chosen expert runs one product per matrix over
+just its tokens, and a decode step touches only the experts it chose.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
 
-from forge.errors import UsageError
 from forge.gguf import GGUFFile, TensorInfo
 from forge.models.spec import ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_cpu_simd.loading import Linear, Stacked, WeightLoader, prepare_linear
 
-CACHE_ENV = "FORGE_CPU_EXPERT_CACHE_MB"
-DEFAULT_CACHE_MB = 2048  # prepared (float32) experts kept over all layers
 
-
-def cache_budget_bytes() -> int:
-    """Bytes of prepared experts the cpu_simd runner keeps, over all layers."""
-    text = os.environ.get(CACHE_ENV, "").strip()
-    if not text:
-        return DEFAULT_CACHE_MB << 20
-    try:
-        mb = int(text)
-    except ValueError:
-        mb = -1
-    if mb < 0:
-        raise UsageError(f"{CACHE_ENV}={text!r}: expected a whole number of MiB (0 or more)")
-    return mb << 20
-
-
-def expert_memory(spec: ModelSpec, gguf: GGUFFile) -> tuple[int, int]:
+def expert_memory(spec: ModelSpec, gguf: GGUFFile, cache_bytes: int) -> tuple[int, int]:
     """(bytes of every expert matrix as stored in the file, which the runner maps and reads,
-    bytes its caches of prepared experts can grow to)."""
+    bytes its caches of prepared experts can grow to: at most `cache_bytes`)."""
     stored = f32 = 0
     for name, w in model_weights(spec).items():
         if w.kind == "experts":
             stored += gguf.tensors[name].nbytes
             f32 += gguf.tensors[name].n_elements * 4
-    return stored, min(f32, cache_budget_bytes())
+    return stored, min(f32, cache_bytes)
 
 
 class ExpertMatrices:
@@ -122,7 +103,7 @@ class ExpertFFNBlock:
                 load.vector(f"{prefix}ffn_{m}_exps.bias").reshape(f.n_expert, -1)
                 for m in ("gate", "up", "down")
             )
-        self.cache = ExpertCache(cache_budget_bytes() // spec.n_layer)
+        self.cache = ExpertCache(load.expert_cache_bytes // spec.n_layer)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x [rows, n_embd] -> the residual stream after the mixture."""

@@ -61,11 +61,18 @@ def layout(kernel) -> str:  # noqa: ANN001
     return getattr(kernel, "layout", "float32")
 
 
+DEFAULT_EXPERT_CACHE_MB = 2048  # the config key cpu_expert_cache_mb's default
+
+
 class WeightLoader:
     """Reads one model's tensors from its GGUF file through the kernel table."""
 
-    def __init__(self, gguf: GGUFFile, kernels: KernelTable):
+    def __init__(self, gguf: GGUFFile, kernels: KernelTable,
+                 expert_cache_bytes: int = DEFAULT_EXPERT_CACHE_MB << 20):  # fmt: skip
+        """`expert_cache_bytes`: how many bytes of prepared experts (forge_cpu_simd.experts)
+        the blocks it loads keep, over all layers."""
         self.gguf, self.kernels = gguf, kernels
+        self.expert_cache_bytes = expert_cache_bytes
 
     def compile_kernels(self, names: list[str]) -> None:
         """Let each winning matmul kernel that compiles code do so for the types of `names`."""

@@ -40,6 +40,7 @@ from forge.devices import BackendProbe, DeviceInfo
 from forge.errors import ForgeRuntimeError
 from forge.gguf.types import SUPPORTED_TYPES
 from forge.kv_cache import KvFormat, KvTypes
+from forge_cpu_simd.loading import DEFAULT_EXPERT_CACHE_MB
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
 
@@ -134,16 +135,24 @@ class CpuSimdBackend(Backend):
         progress: Any = None,
         n_ctx: int | None = None,
         kv_types: KvTypes | None = None,
+        expert_cache_mb: int = DEFAULT_EXPERT_CACHE_MB,
     ) -> Runner:
+        """`expert_cache_mb`: the config key cpu_expert_cache_mb (prepared experts kept)."""
         from forge_cpu_simd.runner import CpuRunner
 
         if device != 0:
             raise ForgeRuntimeError(f"cpu_simd has one device (0), not {device}")
         formats = (kv_types or KvTypes()).resolve(KvFormat.F32)
-        return CpuRunner(spec, gguf, kernels, progress=progress, kv_formats=formats)
+        return CpuRunner(spec, gguf, kernels, progress=progress, kv_formats=formats,
+                         expert_cache_bytes=expert_cache_mb << 20)  # fmt: skip
 
     def memory_needed(
-        self, spec: Any, gguf: Any, n_ctx: int, kv_types: KvTypes | None = None
+        self,
+        spec: Any,
+        gguf: Any,
+        n_ctx: int,
+        kv_types: KvTypes | None = None,
+        expert_cache_mb: int = DEFAULT_EXPERT_CACHE_MB,
     ) -> dict[str, int]:
         """Weights: each matrix as its kernel keeps it (a float32 copy, or the mapped GGUF blocks
         for compiled kernels), float32 vectors, plus every expert of a mixture as stored
@@ -153,7 +162,7 @@ class CpuSimdBackend(Backend):
 
         k, v = (kv_types or KvTypes()).resolve(KvFormat.F32)
         kv = n_ctx * spec.kv_bytes_per_token(k, v)
-        weights = weight_bytes(spec, gguf) + sum(expert_memory(spec, gguf))
+        weights = weight_bytes(spec, gguf) + sum(expert_memory(spec, gguf, expert_cache_mb << 20))
         return {"weights": weights, "kv_cache": kv}
 
 

@@ -19,7 +19,7 @@ from forge.models.spec import ModelSpec
 from forge.models.weights import model_weights
 from forge_cpu_simd.blocks import FFN_BLOCKS, AttentionBlock, Step
 from forge_cpu_simd.kv_store import KvArray
-from forge_cpu_simd.loading import BACKEND, WeightLoader
+from forge_cpu_simd.loading import BACKEND, DEFAULT_EXPERT_CACHE_MB, WeightLoader
 from forge_cpu_simd.matmul import embedding_rows
 from forge_cpu_simd.plugin import ELEMENTWISE_OPS
 
@@ -36,9 +36,11 @@ class CpuRunner(Runner):
     windowed_kv = True  # sliding-window layers cache only their windows (SeqBatch.window_tables)
 
     def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, progress=None,
-                 kv_formats: tuple[KvFormat, KvFormat] = (KvFormat.F32, KvFormat.F32)):  # fmt: skip
+                 kv_formats: tuple[KvFormat, KvFormat] = (KvFormat.F32, KvFormat.F32),
+                 expert_cache_bytes: int = DEFAULT_EXPERT_CACHE_MB << 20):  # fmt: skip
         """`kv_formats`: how the cache stores K and V (float32 by default: llama.cpp's golden
-        references were made with a float32 cache)."""
+        references were made with a float32 cache). `expert_cache_bytes`: prepared experts of
+        a mixture kept over all layers."""
         self.spec, self.gguf, self.kernels = spec, gguf, kernels
         self.kv_formats = kv_formats
         for fmt, dim in zip(kv_formats, (spec.head_dim, spec.head_dim_v)):
@@ -48,7 +50,7 @@ class CpuRunner(Runner):
                     f"{fmt.block}; this model's are {dim}"
                 )
         self.ops = _Ops(kernels)
-        load = WeightLoader(gguf, kernels)
+        load = WeightLoader(gguf, kernels, expert_cache_bytes)
         load.compile_kernels(list(model_weights(spec)))
         ffn_block = FFN_BLOCKS[type(spec.ffn)]
         total = spec.n_layer + 1
