@@ -416,6 +416,22 @@ def f32x16_4(typingctx, a, b, c, d):  # noqa: ANN001
     return F32x16(a, b, c, d), codegen
 
 
+@intrinsic
+def scales_i8x4(typingctx, arr, at, d):  # noqa: ANN001
+    """The 4 int8 at bytes at .. at + 3 of a uint8 array, each times d, as lanes 0-3, 4-7,
+    8-11, 12-15 (one load and one vector multiply; the same products as four scalar ones)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8
+            and isinstance(at, types.Integer) and d == types.float32):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        ptr = _vec_ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I8, 4))
+        codes = builder.sitofp(builder.load(ptr, align=1), ir.VectorType(_F32, 4))
+        return _spread(builder, builder.fmul(codes, _splat(builder, args[2], 4)))
+
+    return F32x16(arr, at, d), codegen
+
+
 def _make_float_load(name: str, width: int, convert):
     """A load of 16 floats stored as `width`-bit values at byte index i of a uint8 array."""
 

@@ -35,6 +35,7 @@ from forge_cpu_jit.simd import (
     halves2,
     load_u8x16,
     load_u8x32,
+    scales_i8x4,
     shl,
     shr,
     zeros_f32x16,
@@ -241,12 +242,5 @@ def chunk_q6_k(row, c):  # noqa: ANN001, ANN201
     h = load_u8x32(row, o + 128 + 32 * n)
     a = bor(band(shr(lo0, s), 15), shl(band(shr(h, s), 3), 4))
     b = bor(band(shr(lo1, s), 15), shl(band(shr(h, s + 2), 3), 4))
-    d = _half(row, o + 208)
-    g = o + 192 + 4 * q
-    scales = f32x16_4(
-        d * np.float32(np.int8(row[g])),
-        d * np.float32(np.int8(row[g + 1])),
-        d * np.float32(np.int8(row[g + 2])),
-        d * np.float32(np.int8(row[g + 3])),
-    )
+    scales = scales_i8x4(row, o + 192 + 4 * q, _half(row, o + 208))  # d times 4 int8 scales
     return cat(a, b), scales, zeros_f32x16()
