@@ -157,6 +157,12 @@ class WeightArena:
             self.close()
             raise
 
+    def address(self, name: str) -> int:
+        """Where a weight starts on the device, 0 when the model has no weight of that name
+        (the kernels' "absent" for norm weights and biases)."""
+        placed = self.placed.get(name)
+        return placed.ptr if placed is not None else 0
+
     def close(self) -> None:
         if self.buffer is not None:
             self.rt.free(self.buffer)

@@ -40,13 +40,12 @@ class DenseFFNs:
 
     def part(self, prefix: str) -> DenseFFNLaunches:
         """Descriptors of one layer's FFN (prefix "blk.<i>.")."""
-        ws, placed = self.ws, self.products.arena.placed
+        ws, v = self.ws, self.products.arena.address
         gate_up = self.products.add([(prefix + "ffn_gate.weight", ws.h, ws.g, 0),
                                      (prefix + "ffn_up.weight", ws.h, ws.u, 0)])  # fmt: skip
         down = self.products.add([(prefix + "ffn_down.weight", ws.g, ws.o, 0)])
-        v = {n: placed[prefix + n].ptr if prefix + n in placed else 0
-             for n in ("ffn_norm.weight", "post_ffw_norm.weight")}  # fmt: skip
-        return DenseFFNLaunches(v["ffn_norm.weight"], gate_up, down, v["post_ffw_norm.weight"],
+        return DenseFFNLaunches(v(prefix + "ffn_norm.weight"), gate_up, down,
+                                v(prefix + "post_ffw_norm.weight"),
                                 ACTIVATIONS[self.spec.ffn.activation])  # fmt: skip
 
     def run(self, part: DenseFFNLaunches, rows: int, norm: Fused | None) -> None:

@@ -90,10 +90,7 @@ class Experts:
     def part(self, prefix: str) -> ExpertLaunches:
         """Descriptors of one layer's router and experts (prefix "blk.<i>.")."""
         f, ws, placed = self.f, self.ws, self.products.arena.placed
-
-        def vector(name: str) -> int:
-            p = placed.get(name)
-            return p.ptr if p is not None else 0
+        vector = self.products.arena.address
 
         def expert0(name: str) -> Placed:  # expert 0's rows; expert e's follow at e N rows
             p = placed[name]

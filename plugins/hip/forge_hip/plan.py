@@ -102,13 +102,8 @@ class Plan:
         """The launch knobs (`forge_hip.tuning`), shared with the products."""
         return self.products.tune
 
-    def _vector(self, name: str) -> int:
-        """A vector weight's address, 0 when the model has none of that name."""
-        placed = self.arena.placed.get(name)
-        return placed.ptr if placed is not None else 0
-
     def _attention_part(self, p: str) -> AttentionLaunches:
-        ws, v = self.ws, self._vector
+        ws, v = self.ws, self.arena.address
         qkv = self.products.add([(p + f"attn_{x}.weight", ws.h, y, v(p + f"attn_{x}.bias"))
                                  for x, y in (("q", ws.q), ("k", ws.k), ("v", ws.v))])  # fmt: skip
         wo = self.products.add([(p + "attn_output.weight", ws.attn, ws.o, 0)])

@@ -10,7 +10,7 @@ from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import align
 from forge_hip.contract import constants
 from forge_hip.runtime.base import DeviceBuffer, Runtime
-from forge_hip.tuning import DEFAULT, Tuning
+from forge_hip.tuning import DEFAULT, Tuning, mvq_xbytes
 
 ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
 OUT_BYTES = 64 << 20  # bound of the logits buffer
@@ -76,7 +76,7 @@ def expert_buffer_sizes(spec: ModelSpec) -> dict[str, int]:
         "moe_order": 4 * pairs,
         "moe_pos": 4 * pairs,
         "moe_tiles": 4 * 3 * (pairs + f.n_expert),  # (expert, first pair, pairs) per tile
-        "moe_xq": 2 * (pairs * max(spec.n_embd, f.n_ff) * 5 // 4),
+        "moe_xq": mvq_xbytes(3, pairs, max(spec.n_embd, f.n_ff)),  # both roundings
         "moe_g": 4 * pairs * f.n_ff,
         "moe_y": 4 * pairs * spec.n_embd,
     }
