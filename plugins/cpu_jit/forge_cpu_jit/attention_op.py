@@ -57,10 +57,6 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
 def _bits(x: float) -> int:
     return int(np.float32(x).view(np.uint32))
 
@@ -82,6 +78,8 @@ class CompiledAttention:
             from forge_cpu_simd import ops
 
             return ops.attention(q, k, v, q_pos, scale, window, sinks)
+        from forge_cpu_jit.jit import address as _addr
+
         q, k, v = _f32(q), _f32(k), _f32(v)
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)
         s, use = _sinks(sinks, q.shape[1])
@@ -109,6 +107,8 @@ class CompiledDecodeAttention:
             from forge_cpu_simd import ops
 
             return ops.decode_attention(q, k, v, valid, scale, sinks)
+        from forge_cpu_jit.jit import address as _addr
+
         q, k, v = _f32(q), _f32(k), _f32(v)
         out = np.empty((q.shape[0], q.shape[1], v.shape[3]), np.float32)
         s, use = _sinks(sinks, q.shape[1])

@@ -170,7 +170,8 @@ def _entry(name: str) -> int:
 _keep: list = []  # the compiled entries stay alive as long as the process
 
 
-def _addr(a: np.ndarray) -> int:
+def address(a: np.ndarray) -> int:
+    """The address of an array's first element (what the compiled entries' int64 args hold)."""
     return a.__array_interface__["data"][0]
 
 
@@ -183,19 +184,19 @@ class Activations:
         self.rows, self.k, self.kind = rows, k, kind
         self.bufs = b = bufs if bufs is not None else act_buffers(rows, k, kind)
         if kind in FLOAT_MODE:
-            self.qargs = np.array([0, rows, k, _addr(b[0]), b[0].shape[1], FLOAT_MODE[kind]],
+            self.qargs = np.array([0, rows, k, address(b[0]), b[0].shape[1], FLOAT_MODE[kind]],
                                   np.int64)  # fmt: skip
             self.qentry = _entry("act_round")
         else:
-            self.qargs = np.array([0, rows, k, _addr(b[0]), b[0].shape[1], _addr(b[1]),
-                                   _addr(b[2]), _addr(b[3])], np.int64)  # fmt: skip
+            self.qargs = np.array([0, rows, k, address(b[0]), b[0].shape[1], address(b[1]),
+                                   address(b[2]), address(b[3])], np.int64)  # fmt: skip
             self.qentry = _entry("act_" + kind)
         self._qaddr = self.qargs.ctypes.data
         self._weights: dict[int, tuple[np.ndarray, int, int, int]] = {}
 
     def quantize(self, x: np.ndarray) -> None:
         """Round x (float32 [rows, K], C-contiguous) into the buffers."""
-        self.qargs[0] = _addr(x)
+        self.qargs[0] = address(x)
         if self.rows >= 8:
             p = get_pool()
             p.run(self.qentry, self.qargs, self.rows, max(1, self.rows // (2 * p.threads)))
@@ -209,12 +210,13 @@ class Activations:
             return found
         b, rows = self.bufs, raw.shape[0]
         if ACT_KIND[type_name] in FLOAT_MODE:
-            args = np.array([_addr(raw), rows, raw.shape[1], FLOAT_MODE[ACT_KIND[type_name]],
-                             _addr(b[0]), self.rows, b[0].shape[1], 0, 0, 0], np.int64)  # fmt: skip
+            args = np.array([address(raw), rows, raw.shape[1], FLOAT_MODE[ACT_KIND[type_name]],
+                             address(b[0]), self.rows, b[0].shape[1], 0, 0, 0],
+                            np.int64)  # fmt: skip
             entry, out_at = _entry("float"), 7
         else:
-            args = np.array([_addr(raw), rows, raw.shape[1], _addr(b[0]), self.rows,
-                             b[0].shape[1], _addr(b[1]), _addr(b[2]), _addr(b[3]), 0, 0, 0],
+            args = np.array([address(raw), rows, raw.shape[1], address(b[0]), self.rows,
+                             b[0].shape[1], address(b[1]), address(b[2]), address(b[3]), 0, 0, 0],
                             np.int64)  # fmt: skip
             entry, out_at = _entry(type_name.lower()), 9
         found = self._weights[key] = (args, entry, out_at, raw)
@@ -224,7 +226,7 @@ class Activations:
         """Every weight row of `raw` by these activations into out[:, col0 : col0 + rows],
         the rows shared by the threads."""
         args, entry, at, _ = self._args(type_name, raw)
-        args[at], args[at + 1], args[at + 2] = _addr(out), out.shape[1], col0
+        args[at], args[at + 1], args[at + 2] = address(out), out.shape[1], col0
         rows = raw.shape[0]
         p = get_pool()
         if self.rows * rows * self.k < PARALLEL_MIN_MACS or p.threads == 1:
