@@ -89,8 +89,9 @@ def create_chat_completion(model: Any, messages: list[dict], *, stream: bool = F
     state = model.start(ids, constraint=constraint, **kwargs)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": _model_id(model)}  # fmt: skip
-    # channels: content and reasoning_content (and the calls, with tools offered)
-    harmony = is_harmony(template) and (plan is None or plan.style == "harmony")
+    # channels: content and reasoning_content (and the calls: plan_tools gives a harmony
+    # template's tools the "harmony" style)
+    harmony = is_harmony(template)
     if stream:
         return _chat_chunks(model, state, {**base, "object": "chat.completion.chunk"}, plan,
                             harmony)  # fmt: skip

@@ -261,10 +261,8 @@ async def chat_completions(service: Service, body: ChatRequest, request: Request
                                                   constraint)  # fmt: skip
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     # a harmony reply: its final channel is the content, its analysis the reasoning_content
-    # (and its calls, with tools offered)
-    harmony = is_harmony(resolve_chat_template(service.model.tokenizer)) and (
-        plan is None or plan.style == "harmony"
-    )
+    # (and its calls, with tools offered: plan_tools gives them the "harmony" style)
+    harmony = is_harmony(resolve_chat_template(service.model.tokenizer))
 
     def lp(events: list[TokenEvent]) -> dict | None:
         return {"content": [_chat_logprob(service, e) for e in events]} if body.logprobs else None
