@@ -2,23 +2,35 @@
 worker that dies or fails ends the whole group within seconds with an error naming the rank
 and the cause: no hang and no orphan process.
 
-A worker runs `target(rank, world, *args)`; an exception it raises travels to the parent as
-text. The parent waits on every worker's process sentinel, so a worker killed by a signal or
+A worker runs `target(rank, world, *args)` (with `channels`: `target(rank, world, conn,
+*args)`, `conn` its end of a pipe to the parent); an exception it raises travels to the parent
+as text. The parent waits on every worker's process sentinel, so a worker killed by a signal or
 the OOM killer is noticed at once, not at the next collective.
+
+Over the channels the parent sends every rank the same request and gathers their replies
+(`request`, `replies`): a worker answers each with `reply(conn, ...)`; `serve` is such a loop.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
+import os
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from forge.errors import ForgeError
+from forge.errors import ForgeError, ForgeRuntimeError
 
 _STOP_GRACE = 3.0  # seconds a worker gets to exit after SIGTERM before SIGKILL
+# seconds the other ranks get to answer once one has failed a request: ranks given the same
+# request fail alike, unless the failed one left the others waiting in a collective
+ERROR_GRACE = 10.0
+PARENT_CHECK_S = 0.5  # how often a child checks that its parent still exists
 
 
 class WorkerFailed(ForgeError):
@@ -33,13 +45,23 @@ class WorkerGroup:
     """`world` processes running `target(rank, world, *args)`, started with `spawn` (a fresh
     interpreter per rank: GPU runtimes cannot be forked)."""
 
-    def __init__(self, target: Callable[..., Any], world: int, args: tuple = ()):
+    def __init__(self, target: Callable[..., Any], world: int, args: tuple = (),
+                 channels: bool = False):  # fmt: skip
         ctx = mp.get_context("spawn")
         self._errors = ctx.SimpleQueue()
+        pipes = [ctx.Pipe() for _ in range(world)] if channels else []
+        self.conns = [parent for parent, _ in pipes]
         self.processes = [
             ctx.Process(
                 target=_run,
-                args=(target, rank, world, args, self._errors),
+                args=(
+                    target,
+                    rank,
+                    world,
+                    (pipes[rank][1], *args) if channels else args,
+                    self._errors,
+                    os.getpid(),
+                ),
                 name=f"forge-rank{rank}",
                 daemon=True,
             )  # fmt: skip
@@ -47,6 +69,74 @@ class WorkerGroup:
         ]
         for p in self.processes:
             p.start()
+        for _, child in pipes:
+            child.close()  # the worker's end lives in the worker: EOF here when it dies
+
+    def request(self, message: Any) -> None:
+        """Send `message` to every rank; WorkerFailed naming a rank that is gone."""
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send(message)
+            except OSError:  # its end is closed: the worker died
+                self.processes[rank].join(_STOP_GRACE)
+                code = self.processes[rank].exitcode
+                self.stop()
+                cause = self._cause(rank, code) if code else "is gone"
+                raise WorkerFailed(rank, cause) from None
+
+    def replies(self, on_note: Callable[[Any], None] | None = None,
+                grace: float = ERROR_GRACE) -> list[Any]:  # fmt: skip
+        """Every rank's answer to the last request, in rank order. A rank's error is raised
+        again here (its ForgeError class, else ForgeRuntimeError) once every rank has answered,
+        or after `grace` seconds (the group then stopped, WorkerFailed naming it); a rank that
+        dies meanwhile stops the group with WorkerFailed. Notes a rank sends before its answer
+        (`note`) go to `on_note`."""
+        answers: dict[int, tuple] = {}
+        pending = {conn: rank for rank, conn in enumerate(self.conns)}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
+        failed_at = None
+        while pending:
+            left = None if failed_at is None else max(0.0, failed_at + grace - time.monotonic())
+            ready = wait([*pending, *sentinels], left)
+            if not ready:  # a rank failed and another still has not answered
+                rank = min(r for r, a in answers.items() if a[0] == "err")
+                self.stop()
+                raise WorkerFailed(rank, f"failed: {answers[rank][2]} (the other ranks did not "
+                                         f"answer within {grace:g} s)")  # fmt: skip
+            for obj in ready:
+                if obj in sentinels:
+                    rank = sentinels.pop(obj)
+                    if answers.get(rank, ("",))[0] == "err":
+                        continue  # answered with its error, then ended: the others may too
+                    self.processes[rank].join()
+                    code = self.processes[rank].exitcode
+                    self.stop()
+                    raise WorkerFailed(rank, self._cause(rank, code) if code else
+                                       "ended without answering")  # fmt: skip
+                try:
+                    msg = obj.recv()
+                except EOFError:  # its worker is ending: wait for its sentinel to say how
+                    rank = pending.pop(obj)
+                    self.processes[rank].join(_STOP_GRACE)
+                    code = self.processes[rank].exitcode
+                    self.stop()
+                    raise WorkerFailed(
+                        rank,
+                        self._cause(rank, code) if code else "closed its channel without answering",
+                    ) from None
+                if msg[0] == "note":
+                    if on_note is not None:
+                        on_note(msg[1])
+                    continue
+                answers[pending.pop(obj)] = msg
+                if msg[0] == "err" and failed_at is None:
+                    failed_at = time.monotonic()
+        failed = [(rank, a) for rank, a in sorted(answers.items()) if a[0] == "err"]
+        if failed:
+            kind, text = failed[0][1][1:]
+            others = {f"rank {r}: {a[2]}" for r, a in failed[1:] if a[2] != text}
+            raise _rebuilt(kind, "; ".join([text, *sorted(others)]))
+        return [answers[rank][1] for rank in range(len(self.conns))]
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until every worker has ended well (True) or `timeout` passes (False); a worker
@@ -92,7 +182,62 @@ class WorkerGroup:
         self.stop()
 
 
-def _run(target: Callable[..., Any], rank: int, world: int, args: tuple, errors: Any) -> None:
+def reply(conn: Any, value: Any = None, error: BaseException | None = None) -> None:
+    """A worker's answer to a request: `value`, or `error` (sent as its class and text)."""
+    if error is None:
+        conn.send(("ok", value))
+    else:
+        conn.send(("err", f"{type(error).__module__}:{type(error).__qualname__}", str(error)))
+
+
+def note(conn: Any, value: Any) -> None:
+    """Something a worker tells the parent before its answer (progress)."""
+    conn.send(("note", value))
+
+
+def serve(conn: Any, handle: Callable[[Any], Any]) -> None:
+    """Answer requests with `handle(request)` until the request None (or the parent is gone);
+    a ForgeError is answered as an error, anything else ends the worker (and the group)."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        try:
+            value = handle(message)
+        except ForgeError as err:
+            reply(conn, error=err)
+        else:
+            reply(conn, value)
+
+
+def _rebuilt(kind: str, text: str) -> BaseException:
+    """A worker's ForgeError as the same class when it can be made from its text."""
+    module, _, name = kind.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        if isinstance(cls, type) and issubclass(cls, ForgeError):
+            return cls(text)
+    except Exception:  # noqa: BLE001 - any class that cannot be rebuilt so becomes the default
+        pass
+    return ForgeRuntimeError(text)
+
+
+def exit_with_parent(parent: int) -> None:
+    """A child's watchdog thread: once its parent is gone (killed, or exited without stopping
+    it), end this process at once, even while its main thread waits in a collective."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
+
+
+def _run(target: Callable[..., Any], rank: int, world: int, args: tuple, errors: Any,
+         parent: int) -> None:  # fmt: skip
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     try:
         target(rank, world, *args)
     except BaseException as err:  # noqa: BLE001 - every failure must reach the parent

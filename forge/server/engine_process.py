@@ -32,18 +32,17 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from forge.errors import ForgeError
 from forge.generation import SequenceState, TokenEvent
 from forge.scheduler import Finished, QueueFullError, ShuttingDownError
+from forge.workers import exit_with_parent
 
 log = logging.getLogger("forge.server")
 
 STATS_INTERVAL_S = 0.1  # the idle child sends fresh stats at most this often
-PARENT_CHECK_S = 0.5  # how often the child checks that the parent still exists
 
 
 class EngineLost(ForgeError):
@@ -83,7 +82,9 @@ class EngineProcess:
                 os.getpid(),
             ),  # fmt: skip
             name="forge-engine",
-            daemon=True,
+            # not daemonic: a tensor-parallel model's engine starts a worker per GPU; the exit
+            # handler below and the child's watchdog still end it with this process
+            daemon=False,
         )
         self._proc.start()
         # registered after multiprocessing's own exit handler, so it runs before it: that one
@@ -313,7 +314,7 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # `parent` comes from the parent itself: one that died before this line is noticed too
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     from forge.api import load
     from forge.cli.common import setup_logging
     from forge.scheduler import Scheduler
@@ -364,14 +365,6 @@ def _child_main(commands: Any, events: Any, path: str, config: Any, max_batch: i
     finally:
         outbox.flush()
         outbox.close(clean)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """The child's watchdog: once the parent is gone (killed, or exited without stopping this
-    process), end this process at once, as a loading child would otherwise run on alone."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK_S)
-    os._exit(1)
 
 
 def _submit(model, scheduler, outbox, handles, rid, prompt, max_tokens, stop, logprobs,
