@@ -73,6 +73,19 @@ FORGE_KERNEL void gather_rows(const float* __restrict__ src, const i32* __restri
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
+// Tensor parallelism's gathered logits back in vocabulary order: rank s computed n_s = min(part,
+// n - s * part) columns of each of `rows` rows (row stride n_s), gathered at src + s * rows * part;
+// dst[r, s * part + j] = that rank's [r, j]. grid = (rows, ranks), block = any.
+FORGE_KERNEL void unshard_rows(const float* __restrict__ src, float* __restrict__ dst, int rows,
+                               int n, int part) {
+    FORGE_GRID_WAIT();
+    const int r = blockIdx.x, s = blockIdx.y;
+    const int ns = min(part, n - s * part);
+    const float* from = src + ((i64)s * rows * part + (i64)r * ns);
+    float* to = dst + (i64)r * n + (i64)s * part;
+    for (int j = threadIdx.x; j < ns; j += blockDim.x) to[j] = from[j];
+}
+
 // The token ids of a step whose tokens the previous step picked on the device: for each row r
 // with feed[r] >= 0, ids[r] = am[feed[r]] (a failed pick, -1, becomes token 0; the step that made
 // it reports the failure). grid = 1, block = any.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from forge.backend import Backend, Runner
+from forge.backend import Backend, Placement, Runner
 from forge.devices import BackendProbe
 from forge_hip.probe import probe_amd, probe_nvidia
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from forge.kernels import KernelTable
     from forge.kv_cache import KvTypes
     from forge.models.spec import ModelSpec
+    from forge.sharding import ShardPlan
 
 GPU_SCORE = 100  # above cpu_simd's 10: a usable GPU always wins `backend = "auto"`
 
@@ -55,9 +56,18 @@ class HipBackend(Backend):
         progress: Callable[[int, int], None] | None = None,
         n_ctx: int | None = None,
         kv_types: KvTypes | None = None,
+        shard_plan: ShardPlan | None = None,
+        placement: Placement | None = None,
     ) -> Runner:
         """Place the model on GPU `device` (raises OutOfMemoryError with the numbers, having
-        freed what it took, when it does not fit)."""
+        freed what it took, when it does not fit); with `shard_plan` (tensor_parallel > 1),
+        split over the GPUs of `placement`, one worker process each."""
+        if shard_plan is not None and shard_plan.world > 1:
+            from forge_hip.tp_runner import TensorParallelRunner
+
+            return TensorParallelRunner(spec, gguf, kernels, shard_plan=shard_plan,
+                                        placement=placement, progress=progress, n_ctx=n_ctx,
+                                        kv_types=kv_types)  # fmt: skip
         from forge_hip.runner import HipRunner
 
         return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx,

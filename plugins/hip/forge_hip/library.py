@@ -81,8 +81,8 @@ BUILTIN_OPS = {
 
 
 def plan_kernels() -> set[str]:
-    """Every kernel the launch plan can launch (forge_hip.plan, .products, .experts): the
-    kernel sources declare exactly these (tests/hip/test_contract.py)."""
+    """Every kernel the launch plan can launch (forge_hip.plan, .products, .experts,
+    .sharded_plan): the kernel sources declare exactly these (tests/hip/test_contract.py)."""
     mvq = [f"mvq_{k}_{v}" for k in ("multi", "glu") for v in (*MVQ_VARIANTS, "r1n")]
     return {
         *(k.function for k in BUILTIN_OPS.values()),
@@ -90,7 +90,7 @@ def plan_kernels() -> set[str]:
         *mvq, "mvq_quant", "add_norm_quant",
         *(f"mmq_{k}_m{mt}" for k in ("multi", "glu") for mt in (1, 2)),
         "mv_multi", "mv_glu", "mm_tiled", "act_half", "gemm_m64", "gemm_m128", "feed_ids",
-        "mask_logits",
+        "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
         *(f"attn_prefill_{d}" for d in (64, 128, 256)),
         "moe_route", "moe_quant", "moe_combine",

@@ -81,8 +81,8 @@ class Plan:
             self.attention.append(self._attention_part(f"blk.{i}."))
             self.ffn.append(self.ffns.part(f"blk.{i}."))
         out = "token_embd.weight" if spec.tied_output else "output.weight"
-        self.out_h = p.add([(out, ws.h, ws.logits, 0)])
-        self.out_g = p.add([(out, ws.hg, ws.logits, 0)])
+        self.out_h = p.add([(out, ws.h, self._head_out(), 0)])
+        self.out_g = p.add([(out, ws.hg, self._head_out(), 0)])
         p.upload()
         self.embd = embd
         self.output_norm = w["output_norm.weight"].ptr
@@ -101,6 +101,13 @@ class Plan:
     def tune(self) -> Tuning:
         """The launch knobs (`forge_hip.tuning`), shared with the products."""
         return self.products.tune
+
+    def _head_out(self) -> int:
+        """Where the output product writes (a tensor-parallel rank: its own vocabulary rows)."""
+        return self.ws.logits
+
+    def _logits_done(self, rows: int) -> None:
+        """After the output product: ws.logits holds `rows` rows (a rank gathers them here)."""
 
     def _attention_part(self, p: str) -> AttentionLaunches:
         ws, v = self.ws, self.arena.address
@@ -231,6 +238,7 @@ class Plan:
             self.launch(self.op["gather_rows"], (rows,), (NORM_THREADS,),
                         [ws.h, gather_idx, ws.hg, self.spec.n_embd])  # fmt: skip
         self.products.matmul(self.out_g if gather_idx is not None else self.out_h, 1, rows, norm)
+        self._logits_done(rows)
         if picks is not None:
             params, stride = picks
             cus = self.lib.runtime.props.compute_units

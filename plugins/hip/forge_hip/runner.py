@@ -59,6 +59,7 @@ class HipRunner(Runner):
         n_ctx: int | None = None,
         runtime=None,  # noqa: ANN001 - a forge_hip Runtime to share (tests); None opens one
         kv_types: KvTypes | None = None,
+        plan: Callable[..., Plan] = Plan,  # a tensor-parallel rank's: forge_hip.sharded_plan
     ):
         from forge_hip.runtime import open_runtime
 
@@ -82,7 +83,7 @@ class HipRunner(Runner):
             self.stream = self.rt.stream()
             self.launch = Launcher(self.rt, self.stream)
             self.graphs = GraphCache(self.launch)
-            self.plan = Plan(spec, kernels, self.lib, self.arena, self.ws, self.launch,
+            self.plan = plan(spec, kernels, self.lib, self.arena, self.ws, self.launch,
                              self.rt.props.warp_size, self.tune)  # fmt: skip
             self.meta = SampleMeta(self.rt, ROW_CAP, 1024)
             self.out_rows = out_rows(spec)

@@ -1,0 +1,115 @@
+"""TensorParallelRunner: a model split over several GPUs of this host (`forge.sharding`), one
+worker process per GPU (`forge_hip.tp_rank`), as vLLM and SGLang run tensor parallelism.
+
+To the engine it is a runner like any other: every call goes to every rank (the same batch,
+the same sampling parameters) and rank 0's result comes back. Tokens are picked on the devices;
+`start_sample` returns once the call is sent, so the engine's host work overlaps the ranks'
+step. A rank that dies or fails ends the group within seconds with `forge.workers.WorkerFailed`
+naming it; no worker outlives the runner.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import numpy as np
+
+from forge.backend import Placement, Runner, SeqBatch
+from forge.gguf import GGUFFile
+from forge.kernels import KernelTable
+from forge.kv_cache import KvTypes
+from forge.models.spec import ModelSpec
+from forge.sharding import ShardPlan
+from forge.workers import WorkerFailed, WorkerGroup
+from forge_hip.tp_rank import run_rank
+
+LOCALHOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the ranks' rendezvous on this host)."""
+    with socket.socket() as s:
+        s.bind((LOCALHOST, 0))
+        return s.getsockname()[1]
+
+
+class TensorParallelRunner(Runner):
+    samples_on_device = True
+
+    def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *,
+                 shard_plan: ShardPlan, placement: Placement,
+                 progress: Callable[[int, int], None] | None = None, n_ctx: int | None = None,
+                 kv_types: KvTypes | None = None):  # fmt: skip
+        self.spec, self._placement = spec, placement
+        self._pending: list | None = None  # a started step's answer, once read
+        devices = [s.device for s in placement.shards]
+        args = (gguf.path, spec, kernels, shard_plan, devices, n_ctx, kv_types,
+                (LOCALHOST, free_port()))  # fmt: skip
+        self.group = WorkerGroup(run_rank, shard_plan.world, args, channels=True)
+        try:
+            notes = (lambda p: progress(*p)) if progress else None
+            self.ranks = self.group.replies(on_note=notes)  # per rank: its device and NCCL
+        except BaseException:
+            self.group.stop()
+            raise
+
+    def _call(self, name: str, *args) -> list:  # noqa: ANN002
+        self._settle()
+        self.group.request((name, args))
+        return self.group.replies()
+
+    def _settle(self) -> None:
+        """Read the answers of the step `start_sample` started, if not read yet."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.append(self.group.replies()[0])
+
+    def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+        self._call("allocate_kv", n_blocks, block_size)
+
+    def forward(self, batch: list[SeqBatch]) -> list[np.ndarray | None]:
+        return self._call("forward", batch)[0]
+
+    def forward_argmax(self, batch: list[SeqBatch]) -> list[int]:
+        return self._call("forward_argmax", batch)[0]
+
+    def forward_sample(self, batch: list[SeqBatch], picks: list) -> list[int | None]:
+        return self._call("forward_sample", batch, picks)[0]
+
+    def start_sample(self, batch: list[SeqBatch], picks: list, feed: list[int] | None = None,
+                     feed_from: Callable | None = None) -> Callable[[], list]:  # fmt: skip
+        if feed is not None and any(f >= 0 for f in feed):
+            raise NotImplementedError("a tensor-parallel runner cannot feed picked tokens")
+        self._settle()
+        self.group.request(("forward_sample", (batch, picks)))
+        self._pending = done = []
+
+        def tokens() -> list:
+            if not done:
+                self._settle()
+            return done[0]
+
+        return tokens
+
+    def prepare_batches(self, max_seqs: int) -> None:
+        self._call("prepare_batches", max_seqs)
+
+    def memory_estimate(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for part in self._call("memory_estimate"):
+            for k, v in part.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def close(self) -> None:
+        group, self.group = getattr(self, "group", None), None
+        if group is not None:
+            try:
+                self._pending = None
+                group.request(None)
+                group.join(5.0)
+            except WorkerFailed:  # already ended (and reported) by a failure
+                pass
+            finally:
+                group.stop()
