@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = {"default": "gemma3_270m.spec.json.gz", "llama8b": "llama8b.spec.json.gz"}
+SPECS = {"default": "gemma3_270m.spec.json.gz", "llama8b": "llama8b.spec.json.gz",
+         "llama70b": "llama70b.spec.json.gz"}  # fmt: skip
 
 
 def model_path(key: str, work: Path) -> tuple[str, str]:
@@ -45,7 +46,8 @@ def model_path(key: str, work: Path) -> tuple[str, str]:
         script = ROOT / "scripts" / "gguf_twin.py"
         subprocess.run([sys.executable, str(script), "build", str(spec), str(out)], check=True)
         print(f"built {out.name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    label = "gemma3-270m Q4_K_M twin" if key == "default" else "llama-3-8b Q4_K_M twin"
+    label = {"default": "gemma3-270m Q4_K_M twin", "llama8b": "llama-3-8b Q4_K_M twin",
+             "llama70b": "llama-3-70b Q4_K_M twin"}[key]  # fmt: skip
     return str(out), label
 
 
@@ -173,6 +175,20 @@ def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100)
         plan.launch = launcher
         runner.graphs.clear()
     return out
+
+
+def batched_decode(runner, n_vocab: int, seqs: int, n: int, rng) -> float:  # noqa: ANN001
+    """Seconds for `n` greedy decode steps of `seqs` sequences together (each its own 16
+    blocks of 16 positions, from position 64), a step per `forward_argmax` call."""
+    from forge.backend import SeqBatch
+
+    tables = [np.arange(s * 16, s * 16 + 16, dtype=np.int32) for s in range(seqs)]
+    toks = rng.integers(1, n_vocab, size=seqs).astype(np.int32)
+    t = time.perf_counter()
+    for i in range(n):
+        batch = [SeqBatch(toks[s : s + 1], 64 + i, tables[s]) for s in range(seqs)]
+        toks = np.asarray(runner.forward_argmax(batch), np.int32)
+    return time.perf_counter() - t
 
 
 def decode_fed(runner, prompt: np.ndarray, table: np.ndarray, n: int) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_bench import copy_bandwidth, decode_fed, decode_shares  # noqa: E402
+from gpu_bench import batched_decode, copy_bandwidth, decode_fed, decode_shares  # noqa: E402
 
 DEFAULT_SPEC = ROOT / "benchmarks" / "specs" / "qwen3_30b_a3b_q4_k_m.spec.json.gz"
 BLOCK = 16  # KV block size of the tables made here
@@ -98,18 +98,8 @@ def main() -> int:
     shares = decode_shares(runner, table)
 
     b = args.batch
-    tables = [np.arange(s * 16, s * 16 + 16, dtype=np.int32) for s in range(b)]  # 256 positions
-
-    def batched(n: int) -> float:
-        toks = rng.integers(1, spec.n_vocab, size=b).astype(np.int32)
-        t = time.perf_counter()
-        for i in range(n):
-            batch = [SeqBatch(toks[s : s + 1], 64 + i, tables[s]) for s in range(b)]
-            toks = np.asarray(runner.forward_argmax(batch), np.int32)
-        return time.perf_counter() - t
-
-    batched(4)
-    tb = min(batched(64) for _ in range(2))
+    batched_decode(runner, spec.n_vocab, b, 4, rng)
+    tb = min(batched_decode(runner, spec.n_vocab, b, 64, rng) for _ in range(2))
     total, active = active_bytes(spec, model.gguf)
     tok_s = 128 / tg
     result = {
