@@ -20,7 +20,8 @@ GPU_SCORE = 100  # above cpu_simd's 10: a usable GPU always wins `backend = "aut
 
 
 class HipBackend(Backend):
-    """Runs models on one GPU; AMD devices are listed before NVIDIA ones."""
+    """Runs models on one GPU, or split over several (tensor parallelism); AMD devices are
+    listed before NVIDIA ones."""
 
     name = "hip"
     description = "HIP kernels on AMD (ROCm, hip-python) and NVIDIA (CUDA, cuda-python) GPUs"
