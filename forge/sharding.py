@@ -26,6 +26,7 @@ from forge.gguf import GGUFFile, TensorInfo
 from forge.gguf.types import block_geometry
 from forge.models.spec import DenseFFN, ModelSpec
 from forge.models.weights import model_weights
+from forge.remote_ranks import local_ranks
 
 Axis = Literal["rows", "cols", "none"]
 
@@ -153,10 +154,11 @@ def tensor_parallel_args(
     a model on one device only."""
     if world == 1:
         return {}
-    if first + world > len(devices):
+    here = local_ranks(world)  # the others run on other hosts (forge.remote_ranks)
+    if first + here > len(devices):
         raise UsageError(
             f"tensor_parallel = {world} from device {first} needs devices {first}.."
-            f"{first + world - 1}, but backend {backend!r} has {len(devices)}"
+            f"{first + here - 1}, but backend {backend!r} has {len(devices)}"
         )
     plan = ShardPlan.build(spec, gguf, world)
     if "shard_plan" not in inspect.signature(method).parameters:
@@ -164,5 +166,6 @@ def tensor_parallel_args(
             f"backend {backend!r} runs a model on one device only: tensor_parallel = {world} "
             "needs a backend that splits models over devices"
         )
-    picked = [(first + r, d.name) for r, d in enumerate(devices[first : first + world])]
+    picked = [(first + r, d.name) for r, d in enumerate(devices[first : first + here])]
+    picked += [(r - here, "on another host") for r in range(here, world)]
     return {"shard_plan": plan, "placement": plan.placement(picked)}

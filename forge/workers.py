@@ -43,13 +43,14 @@ class WorkerFailed(ForgeError):
 
 class WorkerGroup:
     """`world` processes running `target(rank, world, *args)`, started with `spawn` (a fresh
-    interpreter per rank: GPU runtimes cannot be forked)."""
+    interpreter per rank: GPU runtimes cannot be forked); with `local`, ranks 0..local-1 here
+    and the others, running on other hosts, `attach`ed."""
 
     def __init__(self, target: Callable[..., Any], world: int, args: tuple = (),
-                 channels: bool = False):  # fmt: skip
+                 channels: bool = False, local: int | None = None):  # fmt: skip
         ctx = mp.get_context("spawn")
         self._errors = ctx.SimpleQueue()
-        pipes = [ctx.Pipe() for _ in range(world)] if channels else []
+        pipes = [ctx.Pipe() for _ in range(world if local is None else local)] if channels else []
         self.conns = [parent for parent, _ in pipes]
         self.processes = [
             ctx.Process(
@@ -65,7 +66,7 @@ class WorkerGroup:
                 name=f"forge-rank{rank}",
                 daemon=True,
             )  # fmt: skip
-            for rank in range(world)
+            for rank in range(world if local is None else local)  # the others: `attach`
         ]
         for p in self.processes:
             p.start()
@@ -78,11 +79,7 @@ class WorkerGroup:
             try:
                 conn.send(message)
             except OSError:  # its end is closed: the worker died
-                self.processes[rank].join(_STOP_GRACE)
-                code = self.processes[rank].exitcode
-                self.stop()
-                cause = self._cause(rank, code) if code else "is gone"
-                raise WorkerFailed(rank, cause) from None
+                raise self._lost(rank, "is gone") from None
 
     def replies(self, on_note: Callable[[Any], None] | None = None,
                 grace: float = ERROR_GRACE) -> list[Any]:  # fmt: skip
@@ -115,15 +112,9 @@ class WorkerGroup:
                                        "ended without answering")  # fmt: skip
                 try:
                     msg = obj.recv()
-                except EOFError:  # its worker is ending: wait for its sentinel to say how
-                    rank = pending.pop(obj)
-                    self.processes[rank].join(_STOP_GRACE)
-                    code = self.processes[rank].exitcode
-                    self.stop()
-                    raise WorkerFailed(
-                        rank,
-                        self._cause(rank, code) if code else "closed its channel without answering",
-                    ) from None
+                except (EOFError, OSError):  # its worker is ending (or its host is gone)
+                    lost = pending.pop(obj)
+                    raise self._lost(lost, "closed its channel without answering") from None
                 if msg[0] == "note":
                     if on_note is not None:
                         on_note(msg[1])
@@ -137,6 +128,25 @@ class WorkerGroup:
             others = {f"rank {r}: {a[2]}" for r, a in failed[1:] if a[2] != text}
             raise _rebuilt(kind, "; ".join([text, *sorted(others)]))
         return [answers[rank][1] for rank in range(len(self.conns))]
+
+    def attach(self, conns: dict[int, Any]) -> None:
+        """Add ranks that run on other hosts (`forge.remote_ranks`): their channels, by rank,
+        right after this host's ranks."""
+        for rank in sorted(conns):
+            if rank != len(self.conns):
+                raise ValueError(f"rank {rank} attached after {len(self.conns) - 1}")
+            self.conns.append(conns[rank])
+
+    def _lost(self, rank: int, why: str) -> WorkerFailed:
+        """The group stopped, and the error naming rank `rank`, whose channel failed: how its
+        process ended (this host's), or that its host's connection is gone."""
+        if rank >= len(self.processes):
+            self.stop()
+            return WorkerFailed(rank, "on another host: its connection closed")
+        self.processes[rank].join(_STOP_GRACE)
+        code = self.processes[rank].exitcode
+        self.stop()
+        return WorkerFailed(rank, self._cause(rank, code) if code else why)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until every worker has ended well (True) or `timeout` passes (False); a worker
@@ -156,7 +166,10 @@ class WorkerGroup:
         return True
 
     def stop(self) -> None:
-        """End every worker still running: SIGTERM, then SIGKILL after a grace period."""
+        """End every worker still running: SIGTERM, then SIGKILL after a grace period (ranks
+        on other hosts: their connections are closed, which ends them)."""
+        for conn in self.conns[len(self.processes) :]:
+            conn.close()
         for p in self.processes:
             if p.is_alive():
                 p.terminate()

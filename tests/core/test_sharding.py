@@ -175,3 +175,23 @@ def test_cli_names_a_tensor_parallel_the_cpu_cannot_run(golden_dir, capsys):
     assert "tensor_parallel = 2 from device 0 needs devices 0..1, but backend 'cpu_simd'" in err
     assert main(["config", "--tensor-parallel", "0"]) != 0
     assert "tensor_parallel" in capsys.readouterr().err
+
+
+def test_ranks_on_other_hosts_need_only_this_hosts_devices(golden_dir, monkeypatch):
+    import forge
+
+    _fake_gpus(monkeypatch, 2, splits=True)
+    path = str(golden_dir / "models" / "llama-q8_0.gguf")
+    monkeypatch.setenv("FORGE_TP_LOCAL_RANKS", "2")  # 2 of 4 here, 2 on another host
+    with pytest.raises(_Recorded) as got:
+        forge.load(path, backend="fake_gpu", config={"tensor_parallel": 4})
+    placement = got.value.args[1]
+    assert [(s.rank, s.device, s.device_name) for s in placement.shards] == [
+        (0, 0, "Fake GPU 0"), (1, 1, "Fake GPU 1"), (2, 0, "on another host"),
+        (3, 1, "on another host")]  # fmt: skip
+    for local, message in (("3", "needs devices 0..2, but backend 'fake_gpu' has 2"),
+                           ("5", "FORGE_TP_LOCAL_RANKS must be 1..4"),
+                           ("two", "FORGE_TP_LOCAL_RANKS must be 1..4")):  # fmt: skip
+        monkeypatch.setenv("FORGE_TP_LOCAL_RANKS", local)
+        with pytest.raises(UsageError, match=message.replace(".", r"\.")):
+            forge.load(path, backend="fake_gpu", config={"tensor_parallel": 4})

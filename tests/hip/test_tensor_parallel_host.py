@@ -151,3 +151,40 @@ def test_a_request_to_a_dead_worker_names_it():
         assert not any(p.is_alive() for p in group.processes)
     finally:
         group.stop()
+
+
+def test_a_host_of_other_ranks_checks_its_model_and_names_bad_arguments(golden_dir, monkeypatch,
+                                                                        capsys):  # fmt: skip
+    import subprocess
+    import sys
+
+    from forge_hip import tp_host
+    from forge_hip.tp_runner import free_port
+
+    from forge.remote_ranks import accept_ranks
+
+    monkeypatch.delenv("FORGE_TP_KEY", raising=False)
+    assert tp_host.main(["m.gguf", "--master", "h:1", "--first-rank", "1", "--ranks", "1"]) == 1
+    assert "FORGE_TP_KEY" in capsys.readouterr().err
+    assert tp_host.main(["m.gguf", "--master", "nohost", "--first-rank", "1", "--ranks", "1"]) == 1
+    assert "--master must be HOST:PORT" in capsys.readouterr().err
+
+    key = "sixteen or more characters"
+    llama = open_gguf(golden_dir / "models" / "llama-q8_0.gguf")
+    spec = build_spec(llama)
+    plan = ShardPlan.build(spec, llama, 2)
+    port = free_port()  # the engine's "MASTER_PORT"; ranks connect to port + 1
+    other = golden_dir / "models" / "gemma3-f16.gguf"  # not the engine's model
+    host = subprocess.Popen([sys.executable, "-m", "forge_hip.tp_host", str(other), "--master",
+                             f"127.0.0.1:{port}", "--first-rank", "1", "--ranks", "1"],
+                            env={**__import__("os").environ, "FORGE_TP_KEY": key})  # fmt: skip
+    try:
+        conns = accept_ranks("127.0.0.1", port + 1, range(1, 2), key.encode(), 60.0)
+        conns[1].send((str(other), spec, get_plugin_manager().kernels, plan, None, 256, None,
+                       ("127.0.0.1", port)))  # fmt: skip
+        assert conns[1].poll(60)
+        kind, cls, text = conns[1].recv()
+        assert kind == "err" and "is not the model the engine loaded" in text
+        assert host.wait(30) == 0
+    finally:
+        host.kill()

@@ -28,10 +28,11 @@ RENDEZVOUS_TIMEOUT = 120.0  # seconds: ranks start together, but the first compi
 
 
 def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,
-             kernels: KernelTable, plan: ShardPlan, devices: list[int], n_ctx: int | None,
+             kernels: KernelTable, plan: ShardPlan, devices: Any, n_ctx: int | None,
              kv_types: KvTypes | None, master: tuple[str, int]) -> None:  # fmt: skip
-    """A worker's life: load rank `rank`'s part of the model at `path` on GPU `devices[rank]`,
-    answer "ready" (or the ForgeError that stopped it), then serve runner calls."""
+    """A worker's life: load rank `rank`'s part of the model at `path` on GPU `devices[rank]`
+    (a list, or a mapping for ranks on another host), answer "ready" (or the ForgeError that
+    stopped it), then serve runner calls."""
     from forge.gguf import open_gguf
     from forge_hip.collectives import Communicator
     from forge_hip.runner import HipRunner

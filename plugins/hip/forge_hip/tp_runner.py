@@ -5,11 +5,13 @@ To the engine it is a runner like any other: every call goes to every rank (the 
 the same sampling parameters) and rank 0's result comes back. Tokens are picked on the devices;
 `start_sample` returns once the call is sent, so the engine's host work overlaps the ranks'
 step. A rank that dies or fails ends the group within seconds with `forge.workers.WorkerFailed`
-naming it; no worker outlives the runner.
+naming it; no worker outlives the runner. Ranks may also run on other hosts (`hosts`,
+`forge_hip.tp_host`): they connect to this one, and NCCL carries the collectives between hosts.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 
@@ -20,11 +22,26 @@ from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
 from forge.kv_cache import KvTypes
 from forge.models.spec import ModelSpec
+from forge.remote_ranks import accept_ranks, local_ranks, tp_key
+from forge.rendezvous import Rendezvous
 from forge.sharding import ShardPlan
 from forge.workers import WorkerFailed, WorkerGroup
 from forge_hip.tp_rank import run_rank
 
 LOCALHOST = "127.0.0.1"
+ACCEPT_TIMEOUT = 300.0  # seconds the engine waits for the other hosts' ranks
+
+
+def hosts(world: int) -> tuple[int, tuple[str, int]]:
+    """(ranks on this host, the master address and port): all ranks and a free loopback port,
+    unless FORGE_TP_LOCAL_RANKS names fewer; then the rest run on other hosts
+    (`python -m forge_hip.tp_host`) and MASTER_ADDR / MASTER_PORT (this host's address) are
+    where they meet."""
+    local = local_ranks(world)
+    if local == world:
+        return world, (LOCALHOST, free_port())
+    meet = Rendezvous.from_env({**os.environ, "RANK": "0", "WORLD_SIZE": str(world)})
+    return int(local), (meet.master_addr, meet.master_port)
 
 
 def free_port() -> int:
@@ -43,11 +60,17 @@ class TensorParallelRunner(Runner):
                  kv_types: KvTypes | None = None):  # fmt: skip
         self.spec, self._placement = spec, placement
         self._pending: list | None = None  # a started step's answer, once read
+        world, local, master = shard_plan.world, *hosts(shard_plan.world)
         devices = [s.device for s in placement.shards]
-        args = (gguf.path, spec, kernels, shard_plan, devices, n_ctx, kv_types,
-                (LOCALHOST, free_port()))  # fmt: skip
-        self.group = WorkerGroup(run_rank, shard_plan.world, args, channels=True)
+        load = (gguf.path, spec, kernels, shard_plan, devices, n_ctx, kv_types, master)
+        self.group = WorkerGroup(run_rank, world, load, channels=True, local=local)
         try:
+            if local < world:  # the other hosts' ranks connect to the port after the master's
+                conns = accept_ranks(master[0], master[1] + 1, range(local, world), tp_key(),
+                                     ACCEPT_TIMEOUT)  # fmt: skip
+                for conn in conns.values():
+                    conn.send(load)
+                self.group.attach(conns)
             notes = (lambda p: progress(*p)) if progress else None
             self.ranks = self.group.replies(on_note=notes)  # per rank: its device and NCCL
         except BaseException:
