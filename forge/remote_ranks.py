@@ -4,11 +4,14 @@ meet at a master address and port. The connection then carries what a local rank
 carries (`forge.workers`): the engine's requests and the rank's answers.
 
 Requests are pickles, so both ends prove they hold the same secret first (multiprocessing's
-HMAC challenge): the key comes from `FORGE_TP_KEY`, set to the same value on every host.
+HMAC challenge): the key comes from `FORGE_TP_KEY`, set to the same value on every host. The
+NCCL group's own meeting (`forge.rendezvous`, NCCL's bootstrap) is not authenticated: the
+hosts belong on a trusted network, as NCCL's always do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -19,6 +22,9 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 from forge.errors import UsageError
 
 KEY_ENV = "FORGE_TP_KEY"
+# TCP keepalive of a rank's connection: a host that vanishes (power, network) without closing
+# it is noticed after about IDLE + INTERVAL * COUNT seconds, as a closed connection
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 HANDSHAKE_TIMEOUT = 10.0  # seconds a connecting peer has to prove the key and name its rank
 LOCAL_ENV = "FORGE_TP_LOCAL_RANKS"
 
@@ -73,11 +79,23 @@ def accept_ranks(host: str, port: int, ranks: range, key: bytes,
     return conns
 
 
+def keep_alive(fd: int) -> None:
+    """Turn on TCP keepalive (KEEPALIVE_*) on the socket behind file descriptor `fd`."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+                            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                            ("TCP_KEEPCNT", KEEPALIVE_COUNT)):  # fmt: skip
+            if hasattr(socket, name):  # (Linux's names; other systems keep their defaults)
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def _greet(sock: socket.socket, key: bytes, ranks: range, conns: dict):
     """(connection, rank) of a peer that proves it holds the key (both ways, as
     multiprocessing's Listener does) and names an expected rank; (None, None) otherwise. A
     peer silent for HANDSHAKE_TIMEOUT seconds is dropped (its socket shut down)."""
     sock.setblocking(True)
+    keep_alive(sock.fileno())
     conn = Connection(os.dup(sock.fileno()))
     result: list = []
 
@@ -100,7 +118,8 @@ def _greet(sock: socket.socket, key: bytes, ranks: range, conns: dict):
     talk.start()
     talk.join(HANDSHAKE_TIMEOUT)
     if talk.is_alive():
-        sock.shutdown(socket.SHUT_RDWR)  # wakes the handshake's read
+        with contextlib.suppress(OSError):  # (the peer may have reset it meanwhile)
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the handshake's read
         talk.join()
     sock.close()
     if not result:
@@ -113,17 +132,25 @@ def connect_rank(host: str, port: int, rank: int, key: bytes, timeout: float) ->
     """Rank `rank`'s connection to the engine's host, retried until `timeout`; UsageError
     naming the address when it never answers or turns this rank away."""
     deadline = time.monotonic() + timeout
+    where = f"the engine at {host}:{port}"
     while True:
         try:
             conn = Client((host, port), authkey=key)
             break
+        except AuthenticationError:
+            raise UsageError(f"rank {rank}: {where} holds another {KEY_ENV}") from None
         except OSError as err:  # not listening yet, unreachable
             if time.monotonic() > deadline:
-                raise UsageError(f"rank {rank}: the engine at {host}:{port} did not answer "
-                                 f"within {timeout:g} s ({err})") from None  # fmt: skip
+                raise UsageError(f"rank {rank}: {where} did not answer within {timeout:g} s "
+                                 f"({err})") from None  # fmt: skip
             time.sleep(0.2)
-    conn.send({"rank": rank})
-    verdict, detail = conn.recv()
+    keep_alive(conn.fileno())
+    try:
+        conn.send({"rank": rank})
+        verdict, detail = conn.recv()
+    except (EOFError, OSError):
+        conn.close()
+        raise UsageError(f"rank {rank}: {where} closed the connection") from None
     if verdict != "welcome":
         conn.close()
         raise UsageError(f"the engine at {host}:{port} refused rank {rank}: {detail}")

@@ -156,9 +156,10 @@ def tensor_parallel_args(
         return {}
     here = local_ranks(world)  # the others run on other hosts (forge.remote_ranks)
     if first + here > len(devices):
+        here_only = f" (FORGE_TP_LOCAL_RANKS: {here} ranks run here)" if here < world else ""
         raise UsageError(
             f"tensor_parallel = {world} from device {first} needs devices {first}.."
-            f"{first + here - 1}, but backend {backend!r} has {len(devices)}"
+            f"{first + here - 1}, but backend {backend!r} has {len(devices)}{here_only}"
         )
     plan = ShardPlan.build(spec, gguf, world)
     if "shard_plan" not in inspect.signature(method).parameters:

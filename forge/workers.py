@@ -178,6 +178,8 @@ class WorkerGroup:
             if p.is_alive():
                 p.kill()
                 p.join()
+        for conn in self.conns[: len(self.processes)]:
+            conn.close()  # (a long-running server loads models again: no descriptor left)
 
     def _cause(self, rank: int, code: int) -> str:
         while not self._errors.empty():

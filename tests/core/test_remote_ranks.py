@@ -70,6 +70,8 @@ def test_peers_without_the_key_or_naming_a_wrong_rank_are_turned_away():
         assert time.monotonic() - t0 < 10
         wrong.join(10)
         assert wrong.exitcode == 1  # told "refused": its UsageError ended it
+        intruder.join(10)
+        assert intruder.exitcode == 1  # "holds another FORGE_TP_KEY"
     finally:
         intruder.kill()
         wrong.kill()

@@ -181,10 +181,41 @@ def test_a_host_of_other_ranks_checks_its_model_and_names_bad_arguments(golden_d
     try:
         conns = accept_ranks("127.0.0.1", port + 1, range(1, 2), key.encode(), 60.0)
         conns[1].send((str(other), spec, get_plugin_manager().kernels, plan, None, 256, None,
-                       ("127.0.0.1", port)))  # fmt: skip
+                       ("127.0.0.1", port), tp_host.tensor_table(llama)))  # fmt: skip
         assert conns[1].poll(60)
         kind, cls, text = conns[1].recv()
         assert kind == "err" and "is not the model the engine loaded" in text
         assert host.wait(30) == 0
     finally:
         host.kill()
+
+
+def _fake_ranks(rank, world, conn):
+    def handle(message):
+        name, args = message
+        if name == "forward_sample" and args[0] == "bad":
+            raise UsageError("a bad batch")
+        return [7] if name == "forward_sample" else None
+
+    serve(conn, handle)
+
+
+def test_a_started_steps_error_and_a_closed_runner_reach_its_tokens():
+    from forge_hip.tp_runner import TensorParallelRunner
+
+    from forge.errors import ForgeRuntimeError
+
+    runner = TensorParallelRunner.__new__(TensorParallelRunner)  # its group: fake ranks
+    runner._pending, runner.group = None, WorkerGroup(_fake_ranks, 2, channels=True)
+    try:
+        bad = runner.start_sample("bad", [None])
+        runner.allocate_kv(4, 16)  # the started step's error is not this call's
+        with pytest.raises(UsageError, match="a bad batch"):
+            bad()
+        assert runner.start_sample("good", [None])() == [7]
+        late = runner.start_sample("good", [None])
+    finally:
+        runner.close()
+    with pytest.raises(ForgeRuntimeError, match="closed before this step's tokens were read"):
+        late()
+    assert runner.group is None

@@ -101,7 +101,9 @@ class Communicator:
         lib, uid = load_library(platform), _UniqueId()
         code = lib.ncclGetUniqueId(ctypes.byref(uid))
         if code != _SUCCESS:
-            raise ForgeRuntimeError(f"ncclGetUniqueId failed: {lib.ncclGetErrorString(code)}")
+            raise ForgeRuntimeError(
+                f"ncclGetUniqueId failed: {lib.ncclGetErrorString(code).decode()}"
+            )
         return bytes(uid.internal)
 
     def version(self) -> int:

@@ -47,10 +47,11 @@ class ShardedPlan(Plan):
                  *, comm: Communicator, vocab: tuple[range, ...]):  # fmt: skip
         self.comm, self.vocab, self._rt = comm, vocab, lib.runtime
         self.part = max(len(v) for v in vocab)  # the gathered rows' stride per rank
-        rows = out_rows(spec)
-        self._bufs = [self._rt.alloc(4 * n * rows * self.part) for n in (1, comm.world)]
-        self.shard_logits, self.gathered = (b.ptr for b in self._bufs)
+        rows, self._bufs = out_rows(spec), []
         try:
+            for n in (1, comm.world):
+                self._bufs.append(self._rt.alloc(4 * n * rows * self.part))
+            self.shard_logits, self.gathered = (b.ptr for b in self._bufs)
             super().__init__(spec, kernels, lib, arena, ws, launch, warp, tune)
             self.ffns = _ReducedFFNs(self.ffns, self._reduce)
             self.unshard = lib.get("unshard_rows")

@@ -5,10 +5,12 @@
 
 starts ranks R..R+N-1 on this host's GPUs D..D+N-1 (one worker process each, supervised as
 the engine's host supervises its own: `forge.workers`). Each connects to the engine's host at
-PORT + 1 (`forge.remote_ranks`), gets the split it runs, checks that MODEL here is the model
-the engine loaded, and then serves the engine's requests like a local rank
-(`forge_hip.tp_rank`). HOST:PORT are the engine's MASTER_ADDR and MASTER_PORT. The ranks end
-when the engine closes their connections; one that fails ends the engine's run, naming it.
+PORT + 1 (`forge.remote_ranks`), gets the split it runs, checks that MODEL here has the engine's
+model's sizes and tensor table (names, types, shapes), and then serves the engine's requests
+like a local rank (`forge_hip.tp_rank`). HOST:PORT are the engine's MASTER_ADDR and
+MASTER_PORT. The ranks end when the engine closes their connections (a rank blocked inside a
+collective whose peer vanished waits for NCCL to notice); one that fails ends the engine's run,
+naming it.
 """
 
 from __future__ import annotations
@@ -32,15 +34,26 @@ def remote_rank(local: int, n_local: int, path: str, master: tuple[str, int], fi
 
     rank = first + local
     conn = connect_rank(master[0], master[1] + 1, rank, key, CONNECT_TIMEOUT)
-    _, spec, kernels, plan, _, n_ctx, kv_types, meet = conn.recv()
     try:
-        if build_spec(open_gguf(path)) != spec:
-            raise UsageError(f"rank {rank}: {path} is not the model the engine loaded")
+        _, spec, kernels, plan, _, n_ctx, kv_types, meet, table = conn.recv()
+    except (EOFError, OSError):
+        raise UsageError(f"rank {rank}: the engine closed the connection") from None
+    try:
+        gguf = open_gguf(path)
+        if build_spec(gguf) != spec or tensor_table(gguf) != table:
+            raise UsageError(f"rank {rank}: {path} is not the model the engine loaded (its "
+                             "sizes, tensors or their types differ)")  # fmt: skip
     except ForgeError as err:  # the engine says why this rank did not start
         reply(conn, error=err)
         return
     devices = {rank: device + local}  # run_rank reads devices[rank]
     run_rank(rank, plan.world, conn, path, spec, kernels, plan, devices, n_ctx, kv_types, meet)
+
+
+def tensor_table(gguf) -> dict[str, tuple]:  # noqa: ANN001 - a GGUFFile
+    """Every tensor's type, shape and size: what must match between the engine's file and a
+    host's copy (the split and the kernels were chosen from the engine's)."""
+    return {n: (t.type, tuple(t.shape), t.nbytes) for n, t in gguf.tensors.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

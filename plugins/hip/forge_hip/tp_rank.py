@@ -24,7 +24,9 @@ from forge.workers import note, reply, serve
 # is wanted (else rank 0's: the others answer None, keeping logits off the pipes)
 CALLS = {"allocate_kv": False, "forward": False, "forward_argmax": False,
          "forward_sample": False, "prepare_batches": False, "memory_estimate": True}  # fmt: skip
-RENDEZVOUS_TIMEOUT = 120.0  # seconds: ranks start together, but the first compile takes long
+# seconds rank 0 waits for the others: on one host they start together; ranks on other hosts
+# may connect up to tp_runner.ACCEPT_TIMEOUT (300 s) after the engine started its own
+RENDEZVOUS_TIMEOUT = 360.0
 
 
 def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,

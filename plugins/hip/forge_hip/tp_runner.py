@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from forge.backend import Placement, Runner, SeqBatch
+from forge.errors import ForgeError, ForgeRuntimeError
 from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
 from forge.kv_cache import KvTypes
@@ -26,10 +27,12 @@ from forge.remote_ranks import accept_ranks, local_ranks, tp_key
 from forge.rendezvous import Rendezvous
 from forge.sharding import ShardPlan
 from forge.workers import WorkerFailed, WorkerGroup
+from forge_hip.tp_host import tensor_table
 from forge_hip.tp_rank import run_rank
 
 LOCALHOST = "127.0.0.1"
-ACCEPT_TIMEOUT = 300.0  # seconds the engine waits for the other hosts' ranks
+ACCEPT_TIMEOUT = 300.0  # seconds the engine waits for the other hosts' ranks (under the
+# local ranks' RENDEZVOUS_TIMEOUT, which starts at the same time)
 
 
 def hosts(world: int) -> tuple[int, tuple[str, int]]:
@@ -69,7 +72,7 @@ class TensorParallelRunner(Runner):
                 conns = accept_ranks(master[0], master[1] + 1, range(local, world), tp_key(),
                                      ACCEPT_TIMEOUT)  # fmt: skip
                 for conn in conns.values():
-                    conn.send(load)
+                    conn.send((*load, tensor_table(gguf)))
                 self.group.attach(conns)
             notes = (lambda p: progress(*p)) if progress else None
             self.ranks = self.group.replies(on_note=notes)  # per rank: its device and NCCL
@@ -83,10 +86,17 @@ class TensorParallelRunner(Runner):
         return self.group.replies()
 
     def _settle(self) -> None:
-        """Read the answers of the step `start_sample` started, if not read yet."""
+        """Read the answers of the step `start_sample` started, if not read yet: its tokens,
+        or its error, kept for its `tokens()`; a failed group's error is raised here too."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.append(self.group.replies()[0])
+            try:
+                pending.append((None, self.group.replies()[0]))
+            except WorkerFailed as err:
+                pending.append((err, None))
+                raise
+            except ForgeError as err:  # this step's own error, for its tokens()
+                pending.append((err, None))
 
     def allocate_kv(self, n_blocks: int, block_size: int) -> None:
         self._call("allocate_kv", n_blocks, block_size)
@@ -110,8 +120,14 @@ class TensorParallelRunner(Runner):
 
         def tokens() -> list:
             if not done:
+                if self._pending is not done:
+                    raise ForgeRuntimeError("the runner was closed before this step's tokens "
+                                            "were read")  # fmt: skip
                 self._settle()
-            return done[0]
+            error, value = done[0]
+            if error is not None:
+                raise error
+            return value
 
         return tokens
 
