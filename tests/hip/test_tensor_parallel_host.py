@@ -219,3 +219,38 @@ def test_a_started_steps_error_and_a_closed_runner_reach_its_tokens():
     with pytest.raises(ForgeRuntimeError, match="closed before this step's tokens were read"):
         late()
     assert runner.group is None
+
+
+def test_the_engine_takes_a_rank_from_another_host_into_its_group(golden_dir, monkeypatch):
+    """The engine's side of two hosts, without GPUs: rank 1 comes from a forge_hip.tp_host
+    process, gets the split and the model check through the engine, and both ranks' answers
+    (here: no GPU to open) come back through the group."""
+    import subprocess
+    import sys
+
+    from forge_hip import HipBackend
+    from forge_hip.tp_runner import TensorParallelRunner, free_port
+
+    from forge.errors import ForgeRuntimeError
+
+    if HipBackend().probe().available:
+        pytest.skip("a GPU here would run the ranks (tests/gpu covers that)")
+    path = golden_dir / "models" / "llama-q8_0.gguf"
+    gguf = open_gguf(path)
+    spec = build_spec(gguf)
+    plan = ShardPlan.build(spec, gguf, 2)
+    port, key = free_port(), "sixteen or more characters"
+    for name, value in (("FORGE_TP_LOCAL_RANKS", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port)), ("FORGE_TP_KEY", key)):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    host = subprocess.Popen([sys.executable, "-m", "forge_hip.tp_host", str(path), "--master",
+                             f"127.0.0.1:{port}", "--first-rank", "1", "--ranks", "1"],
+                            env={**__import__("os").environ, "FORGE_TP_KEY": key})  # fmt: skip
+    try:
+        placement = plan.placement([(0, "GPU 0"), (0, "on another host")])
+        with pytest.raises(ForgeRuntimeError, match="backend 'hip' is unavailable"):
+            TensorParallelRunner(spec, gguf, get_plugin_manager().kernels, shard_plan=plan,
+                                 placement=placement)  # fmt: skip
+        assert host.wait(30) == 0  # its rank answered, then ended
+    finally:
+        host.kill()
