@@ -254,3 +254,25 @@ def test_the_engine_takes_a_rank_from_another_host_into_its_group(golden_dir, mo
         assert host.wait(30) == 0  # its rank answered, then ended
     finally:
         host.kill()
+
+
+def test_a_rank_on_another_host_ends_when_nccl_reports_a_peer_lost(monkeypatch, capsys):
+    import forge_hip.tp_rank as tp_rank
+
+    events = []
+
+    class Comm:  # healthy for two checks, then a peer is gone
+        rank, checks = 3, 0
+
+        def async_error(self):
+            self.checks += 1
+            return None if self.checks < 3 else "remote process exited or network error"
+
+        def close(self, abort=False):
+            events.append(("close", abort))
+
+    monkeypatch.setattr(tp_rank, "PEER_CHECK_S", 0.01)
+    monkeypatch.setattr(tp_rank.os, "_exit", lambda code: events.append(("exit", code)))
+    tp_rank._end_on_peer_loss(Comm())
+    assert events == [("close", True), ("exit", 1)]
+    assert "forge rank 3: remote process exited" in capsys.readouterr().err

@@ -8,9 +8,9 @@ the engine's host supervises its own: `forge.workers`). Each connects to the eng
 PORT + 1 (`forge.remote_ranks`), gets the split it runs, checks that MODEL here has the engine's
 model's sizes and tensor table (names, types, shapes), and then serves the engine's requests
 like a local rank (`forge_hip.tp_rank`). HOST:PORT are the engine's MASTER_ADDR and
-MASTER_PORT. The ranks end when the engine closes their connections (a rank blocked inside a
-collective whose peer vanished waits for NCCL to notice); one that fails ends the engine's run,
-naming it.
+MASTER_PORT. The ranks end when the engine closes their connections, or, blocked inside a
+collective whose peer vanished, when NCCL reports the peer lost; one that fails ends the
+engine's run, naming it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,20 @@ def remote_rank(local: int, n_local: int, path: str, master: tuple[str, int], fi
         reply(conn, error=err)
         return
     devices = {rank: device + local}  # run_rank reads devices[rank]
-    run_rank(rank, plan.world, conn, path, spec, kernels, plan, devices, n_ctx, kv_types, meet)
+    run_rank(
+        rank,
+        plan.world,
+        conn,
+        path,
+        spec,
+        kernels,
+        plan,
+        devices,
+        n_ctx,
+        kv_types,
+        meet,
+        watch_peers=True,
+    )
 
 
 def tensor_table(gguf) -> dict[str, tuple]:  # noqa: ANN001 - a GGUFFile

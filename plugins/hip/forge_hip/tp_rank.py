@@ -8,6 +8,10 @@ answer (the others' would be the same: every rank picks from the same gathered l
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from functools import partial
 from typing import Any
 
@@ -27,14 +31,17 @@ CALLS = {"allocate_kv": False, "forward": False, "forward_argmax": False,
 # seconds rank 0 waits for the others: on one host they start together; ranks on other hosts
 # may connect up to tp_runner.ACCEPT_TIMEOUT (300 s) after the engine started its own
 RENDEZVOUS_TIMEOUT = 360.0
+PEER_CHECK_S = 1.0  # how often a rank on another host asks NCCL whether a peer is lost
 
 
 def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,
              kernels: KernelTable, plan: ShardPlan, devices: Any, n_ctx: int | None,
-             kv_types: KvTypes | None, master: tuple[str, int]) -> None:  # fmt: skip
+             kv_types: KvTypes | None, master: tuple[str, int],
+             watch_peers: bool = False) -> None:  # fmt: skip
     """A worker's life: load rank `rank`'s part of the model at `path` on GPU `devices[rank]`
     (a list, or a mapping for ranks on another host), answer "ready" (or the ForgeError that
-    stopped it), then serve runner calls."""
+    stopped it), then serve runner calls. `watch_peers` (ranks on another host than the
+    engine's): a peer the communicator reports lost ends this process (`_end_on_peer_loss`)."""
     from forge.gguf import open_gguf
     from forge_hip.collectives import Communicator
     from forge_hip.runner import HipRunner
@@ -47,6 +54,8 @@ def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,
         meet = Rendezvous(master[0], master[1], rank, world, RENDEZVOUS_TIMEOUT)
         group = meet.share(Communicator.unique_id(rt.platform) if rank == 0 else None)
         comm = Communicator(rt.platform, group, world, rank)
+        if watch_peers:
+            threading.Thread(target=_end_on_peer_loss, args=(comm,), daemon=True).start()
         gguf = open_gguf(path)
         progress = (lambda done, total: note(conn, (done, total))) if rank == 0 else None
         runner = HipRunner(rank_spec(spec, plan, rank), ShardView(gguf, spec, plan, rank),
@@ -62,6 +71,18 @@ def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,
         serve(conn, partial(_call, runner, rank))
     finally:
         _close(runner, comm, rt)
+
+
+def _end_on_peer_loss(comm: Any) -> None:
+    """A watchdog thread: once NCCL reports an asynchronous error (a peer or its host gone),
+    abort the communicator and end this process. A rank on another host than the engine's
+    needs it: blocked inside a collective whose peer vanished, it never reads the closed
+    connection that would otherwise end it."""
+    while (error := comm.async_error()) is None:
+        time.sleep(PEER_CHECK_S)
+    print(f"forge rank {comm.rank}: {error}; ending", file=sys.stderr, flush=True)
+    comm.close(abort=True)
+    os._exit(1)
 
 
 def _call(runner: Any, rank: int, message: tuple[str, tuple]) -> Any:
