@@ -128,6 +128,13 @@ class Rendezvous:
             return reply[1:]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of `host` that nothing listens on now (for ranks meeting on this host)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def _send(conn: socket.socket, data: bytes) -> None:
     conn.sendall(_LEN.pack(len(data)) + data)
 

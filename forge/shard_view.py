@@ -36,8 +36,8 @@ class ShardView:
     everything else is the file's."""
 
     def __init__(self, gguf: GGUFFile, spec: ModelSpec, plan: ShardPlan, rank: int):
-        self._gguf, self._plan, self.rank = gguf, plan, rank
-        self._source: dict[str, str] = {}  # view name -> file tensor
+        self._gguf, self.rank = gguf, rank
+        self._source: dict[str, tuple[str, TensorSplit]] = {}  # view name -> file tensor, split
         self.tensors: dict[str, TensorInfo] = {}
         for name, split in plan.tensors.items():
             self._add(name, name, split)
@@ -54,15 +54,13 @@ class ShardView:
         block, block_bytes = block_geometry(info.type)
         nbytes = int(np.prod(shape, dtype=np.int64)) // block * block_bytes
         self.tensors[name] = TensorInfo(name, info.type, tuple(shape), info.offset, nbytes)
-        self._source[name] = source
+        self._source[name] = source, split
 
     def raw(self, name: str) -> np.ndarray:
         """The rank's bytes of a tensor as uint8 [rows, row_bytes] (GGUFFile.raw's layout)."""
-        source = self._source[name]
+        source, split = self._source[name]
         whole = self._gguf.raw(source)
-        split = self._plan.tensors.get(name) if name == source else TensorSplit(
-            "rows", self._plan.vocab)  # fmt: skip
-        if split is None or split.axis == "none":
+        if split.axis == "none":
             return whole
         part = split.ranges[self.rank]
         info = self._gguf.tensors[source]

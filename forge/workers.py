@@ -105,11 +105,7 @@ class WorkerGroup:
                     rank = sentinels.pop(obj)
                     if answers.get(rank, ("",))[0] == "err":
                         continue  # answered with its error, then ended: the others may too
-                    self.processes[rank].join()
-                    code = self.processes[rank].exitcode
-                    self.stop()
-                    raise WorkerFailed(rank, self._cause(rank, code) if code else
-                                       "ended without answering")  # fmt: skip
+                    raise self._lost(rank, "ended without answering")
                 try:
                     msg = obj.recv()
                 except (EOFError, OSError):  # its worker is ending (or its host is gone)

@@ -12,17 +12,10 @@ import pytest
 
 from forge.errors import UsageError
 from forge.remote_ranks import accept_ranks, connect_rank, tp_key
+from forge.rendezvous import free_port
 from forge.workers import WorkerFailed, WorkerGroup, serve
 
 KEY = b"a shared secret of the group"
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _local_echo(rank, world, conn):
@@ -41,7 +34,7 @@ def _start(target, *args):
 
 
 def test_a_rank_on_another_host_serves_like_a_local_one():
-    port = _free_port()
+    port = free_port()
     remote = _start(_remote_echo, port, 1, KEY)
     group = WorkerGroup(_local_echo, 2, channels=True, local=1)
     try:
@@ -60,7 +53,7 @@ def test_a_rank_on_another_host_serves_like_a_local_one():
 
 
 def test_peers_without_the_key_or_naming_a_wrong_rank_are_turned_away():
-    port = _free_port()
+    port = free_port()
     intruder = _start(_remote_echo, port, 1, b"not the group's secret!")
     wrong = _start(_remote_echo, port, 3, KEY)
     try:
@@ -79,7 +72,7 @@ def test_peers_without_the_key_or_naming_a_wrong_rank_are_turned_away():
 
 def test_an_engine_that_never_answers_and_a_missing_key_are_named(monkeypatch):
     with pytest.raises(UsageError, match=r"rank 2: the engine at 127\.0\.0\.1:\d+ did not answer"):
-        connect_rank("127.0.0.1", _free_port(), 2, KEY, 0.5)
+        connect_rank("127.0.0.1", free_port(), 2, KEY, 0.5)
     monkeypatch.delenv("FORGE_TP_KEY", raising=False)
     with pytest.raises(UsageError, match="FORGE_TP_KEY"):
         tp_key()
@@ -93,7 +86,7 @@ def test_a_silent_peer_does_not_hold_up_the_others(monkeypatch):
     import threading
 
     monkeypatch.setattr("forge.remote_ranks.HANDSHAKE_TIMEOUT", 0.5)
-    port, got = _free_port(), []
+    port, got = free_port(), []
     waiting = threading.Thread(
         target=lambda: got.append(accept_ranks("127.0.0.1", port, range(1, 2), KEY, 20.0))
     )

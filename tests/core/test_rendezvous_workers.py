@@ -11,15 +11,9 @@ import time
 
 import pytest
 
-from forge.rendezvous import Rendezvous, RendezvousError
+from forge.rendezvous import Rendezvous, RendezvousError, free_port
 from forge.workers import WorkerFailed, WorkerGroup
 from tests.support import rank_targets
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -31,7 +25,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_processes_share_rank_zeros_id(tmp_path):
-    port = _free_port()
+    port = free_port()
     with WorkerGroup(rank_targets.share_id, 2, (port, str(tmp_path))) as group:
         assert group.join(timeout=60)
     ids = [(tmp_path / f"rank{r}.bin").read_bytes() for r in (0, 1)]
@@ -53,7 +47,7 @@ def _in_thread(fn):
 
 
 def test_a_rank_with_another_world_size_is_refused_by_name():
-    port = _free_port()
+    port = free_port()
     master, got = _in_thread(lambda: Rendezvous("127.0.0.1", port, 0, 2, timeout=3).share(b"id"))
     with pytest.raises(RendezvousError, match="rank 1 says world size 3, rank 0 says 2"):
         Rendezvous("127.0.0.1", port, 1, 3, timeout=3).share()
@@ -63,7 +57,7 @@ def test_a_rank_with_another_world_size_is_refused_by_name():
 
 
 def test_a_stray_connection_does_not_disturb_the_ranks():
-    port = _free_port()
+    port = free_port()
     master, got = _in_thread(lambda: Rendezvous("127.0.0.1", port, 0, 2, timeout=5).share(b"x"))
     time.sleep(0.2)
     with socket.create_connection(("127.0.0.1", port)) as stray:
@@ -74,7 +68,7 @@ def test_a_stray_connection_does_not_disturb_the_ranks():
 
 
 def test_missing_ranks_and_a_missing_master_are_named_within_the_timeout():
-    port = _free_port()
+    port = free_port()
     start = time.monotonic()
     with pytest.raises(RendezvousError, match=r"ranks \[1, 2\] did not connect within 0.5 s"):
         Rendezvous("127.0.0.1", port, 0, 3, timeout=0.5).share(b"id")

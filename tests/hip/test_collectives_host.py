@@ -33,7 +33,7 @@ def _fetch(port, queue):
 
 
 def test_the_group_id_reaches_the_other_rank_unchanged():
-    from forge_hip.tp_runner import free_port
+    from forge.rendezvous import free_port
 
     _nccl()
     uid, port = Communicator.unique_id("cuda"), free_port()

@@ -159,9 +159,9 @@ def test_a_host_of_other_ranks_checks_its_model_and_names_bad_arguments(golden_d
     import sys
 
     from forge_hip import tp_host
-    from forge_hip.tp_runner import free_port
 
     from forge.remote_ranks import accept_ranks
+    from forge.rendezvous import free_port
 
     monkeypatch.delenv("FORGE_TP_KEY", raising=False)
     assert tp_host.main(["m.gguf", "--master", "h:1", "--first-rank", "1", "--ranks", "1"]) == 1
@@ -229,9 +229,10 @@ def test_the_engine_takes_a_rank_from_another_host_into_its_group(golden_dir, mo
     import sys
 
     from forge_hip import HipBackend
-    from forge_hip.tp_runner import TensorParallelRunner, free_port
+    from forge_hip.tp_runner import TensorParallelRunner
 
     from forge.errors import ForgeRuntimeError
+    from forge.rendezvous import free_port
 
     if HipBackend().probe().available:
         pytest.skip("a GPU here would run the ranks (tests/gpu covers that)")

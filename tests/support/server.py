@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from forge.rendezvous import free_port
+
 MODEL = "llama-f32"
 N_CTX = 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -26,7 +21,7 @@ class Server:
     it says the model failed to load)."""
 
     def __init__(self, model_path, tmp_path, *args, env=None, until="ready"):
-        self.port = _free_port()
+        self.port = free_port()
         self.key = (env or {}).get("FORGE_API_KEY")  # sent by `metrics`
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (tmp_path / f"server-{self.port}.log").open("w+")

@@ -12,7 +12,6 @@ naming it; no worker outlives the runner. Ranks may also run on other hosts (`ho
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 
 import numpy as np
@@ -24,7 +23,7 @@ from forge.kernels import KernelTable
 from forge.kv_cache import KvTypes
 from forge.models.spec import ModelSpec
 from forge.remote_ranks import accept_ranks, local_ranks, tp_key
-from forge.rendezvous import Rendezvous
+from forge.rendezvous import Rendezvous, free_port
 from forge.sharding import ShardPlan
 from forge.workers import WorkerFailed, WorkerGroup
 from forge_hip.tp_host import tensor_table
@@ -42,16 +41,9 @@ def hosts(world: int) -> tuple[int, tuple[str, int]]:
     where they meet."""
     local = local_ranks(world)
     if local == world:
-        return world, (LOCALHOST, free_port())
+        return world, (LOCALHOST, free_port(LOCALHOST))
     meet = Rendezvous.from_env({**os.environ, "RANK": "0", "WORLD_SIZE": str(world)})
-    return int(local), (meet.master_addr, meet.master_port)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the ranks' rendezvous on this host)."""
-    with socket.socket() as s:
-        s.bind((LOCALHOST, 0))
-        return s.getsockname()[1]
+    return local, (meet.master_addr, meet.master_port)
 
 
 class TensorParallelRunner(Runner):
