@@ -74,6 +74,9 @@ class ShardPlan:
             raise UsageError(f"tensor_parallel must be >= 1, got {world}")
         if not isinstance(spec.ffn, DenseFFN):
             raise UsageError(f"tensor parallelism splits dense FFNs only, not {spec.ffn.kind!r}")
+        if spec.attention.sinks or spec.attention.out_bias:
+            raise UsageError("tensor parallelism does not split attention sinks or an attention "
+                             "output bias (gpt-oss)")  # fmt: skip
         heads = _even(spec.n_head, world, "attention heads")
         kv = _kv_heads(spec.n_head, spec.n_head_kv, world)
         ffn = _even(spec.ffn.n_ff, world, "FFN columns (feed_forward_length)")

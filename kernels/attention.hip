@@ -77,15 +77,17 @@ template <int LPP, int VPL> FORGE_DEV void head_load(const float* src, int n, in
     }
 }
 
-// rc[2 i], rc[2 i + 1] = cos, sin of rotation i of n_rot / 2 at position p, computed by the whole
-// block (one angle per thread: a warp computing all of a head's is several times slower); the
-// caller puts a barrier between this and the reads. Reads no kernel output (callable before the
-// wait).
-FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base) {
+// rc[2 i], rc[2 i + 1] = mscale cos, mscale sin of rotation i of n_rot / 2 at position p,
+// computed by the whole block (one angle per thread: a warp computing all of a head's is several
+// times slower); the caller puts a barrier between this and the reads. Reads no kernel output
+// (callable before the wait). freqs (YaRN, Llama 3.1: forge.models.rope's per-pair frequencies)
+// replaces base^(-2i / n_rot) when given.
+FORGE_DEV void rope_table(float* rc, int n_rot, float p, float base, const float* freqs,
+                          float mscale) {
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        const float theta = rope_theta(i, n_rot, p, base);
-        rc[2 * i] = cosf(theta);
-        rc[2 * i + 1] = sinf(theta);
+        const float theta = freqs ? p * freqs[i] : rope_theta(i, n_rot, p, base);
+        rc[2 * i] = cosf(theta) * mscale;
+        rc[2 * i + 1] = sinf(theta) * mscale;
     }
 }
 
@@ -220,7 +222,8 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const float* __restrict__ knw, const i32* __restrict__ pos,
                                 const i32* __restrict__ slots, void* kc, void* vc, int H, int Hkv,
                                 int D, int Dv, int n_rot, int neox, float base, float freq_scale,
-                                float eps, int kv_fmt) {
+                                const float* __restrict__ freqs, float mscale, float eps,
+                                int kv_fmt) {
     FORGE_GRID_WAIT();
     __shared__ float xch[ATT_MAX_WARPS * LAYER_MAX_D], rc[LAYER_MAX_D];
     const int r = blockIdx.y, W = blockDim.x / FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
@@ -236,7 +239,7 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
         }
         return;
     }
-    rope_table(rc, n_rot, (float)pos[r] * freq_scale, base);
+    rope_table(rc, n_rot, (float)pos[r] * freq_scale, base, freqs, mscale);
     __syncthreads();
     const int j = blockIdx.x * W + warp;  // this warp's head: Q 0..H-1, then K
     if (j >= H + Hkv) return;
@@ -470,13 +473,16 @@ FORGE_DEV void attend_any(const AttArgs& a, const float* qs, float* wm, float* w
 // Merge the block's entries (its warps, plus the row's own position when given as one more),
 // then write the output (one split) or the block's partial; the last block of the (row, head) to
 // finish merges the partials. rh = r * H + h.
+// sink (gpt-oss's learned sink of the head, or null): one more softmax term e^sink whose value is
+// zero, counted once, where the output is normalised.
 FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, int n_ent, int Dv,
                           int n_eff, int s, int n_grid, i64 rh, float* part_o, float* part_ml,
-                          u32* cnt, float* out, int* flag) {
+                          u32* cnt, float* out, int* flag, const float* sink) {
     __syncthreads();  // every entry's wm, wl, wacc
-    float mx = ATT_NEG;
+    const bool sunk = sink && n_eff == 1;
+    float mx = sunk ? *sink : ATT_NEG;
     for (int w = 0; w < n_ent; ++w) mx = fmaxf(mx, wm[w]);
-    float fw[ATT_MAX_WARPS + 1], total = 0.0f;
+    float fw[ATT_MAX_WARPS + 1], total = sunk ? expf(*sink - mx) : 0.0f;
 #pragma unroll
     for (int w = 0; w < ATT_MAX_WARPS + 1; ++w) {
         fw[w] = w < n_ent ? expf(wm[w] - mx) : 0.0f;
@@ -506,9 +512,9 @@ FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, i
     __threadfence();
     const volatile float* po = part_o + rh * n_grid * Dv;
     const volatile float* pm = part_ml + 2 * rh * n_grid;
-    float gm = ATT_NEG;
+    float gm = sink ? *sink : ATT_NEG;
     for (int i = 0; i < n_eff; ++i) gm = fmaxf(gm, pm[2 * i]);
-    float gl = 0.0f;
+    float gl = sink ? expf(*sink - gm) : 0.0f;
     for (int i = 0; i < n_eff; ++i) gl += pm[2 * i + 1] * expf(pm[2 * i] - gm);
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float o = 0.0f;
@@ -522,10 +528,12 @@ FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, i
 // positions 0..pos[r] (the last `window` of them when window > 0). q [R, H, D] -> out [R, H, Dv].
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. part_o [R * H * max splits, Dv],
 // part_ml [R * H * max splits, 2], cnt [R * H] (zero). D and Dv: multiples of 8, at most 512.
+// sinks [H] (null: none): each head's attention sink, a softmax term with a zero value.
 FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_rows(const float* __restrict__ q, const void* kc,
     const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* part_o, float* part_ml, u32* cnt, float* out, int Hkv,
-    int D, int Dv, int block_size, float scale, int window, int kv_fmt) {
+    int D, int Dv, int block_size, float scale, int window, int kv_fmt,
+    const float* __restrict__ sinks) {
     FORGE_GRID_WAIT();
     __shared__ float qs[LAYER_MAX_D];
     __shared__ float wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];
@@ -550,7 +558,7 @@ FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_rows(const float* __restri
     if (kv_half(kv_fmt)) attend_any<true>(a, qs, wm, wl, wacc);
     else attend_any<false>(a, qs, wm, wl, wacc);
     att_finish(wm, wl, wacc, blockDim.x / FORGE_WARP, Dv, sp.n_eff, s, gridDim.z,
-               (i64)r * H + h, part_o, part_ml, cnt, out, &flag);
+               (i64)r * H + h, part_o, part_ml, cnt, out, &flag, sinks ? sinks + h : nullptr);
 }
 
 // attn_decode's arguments.
@@ -562,10 +570,13 @@ struct DecArgs {
     u32* cnt;
     float* out;
     int Hkv, D, Dv, n_rot, neox;
-    float base, freq_scale, eps;
+    float base, freq_scale;
+    const float* freqs;
+    float mscale, eps;
     int block_size;
     float scale;
     int window, kv_fmt;
+    const float* sinks;
 };
 
 // attn_decode in the (LPP, VPL) layout. Each warp norms and rotates the query head in its
@@ -608,7 +619,7 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
         AttArgs rest = a;  // the later rounds into L2
         rest.begin = a.begin + nwarps * S::CH;
         if (rest.begin < rest.end) att_prefetch(rest, F16 ? 2 : 4);
-        rope_table(rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base);
+        rope_table(rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base, g.freqs, g.mscale);
         head_weights<LPP, VPL>(g.qnw, g.D, e, qw);
         if (self) head_weights<LPP, VPL>(g.knw, g.D, e, kw);
         __syncthreads();  // uniform: `active` is the same for the whole block
@@ -656,11 +667,12 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
     attend_run<LPP, VPL, F16, S::CH>(a, q, t, true, my, m, l, acc);
     att_warp_out<LPP, VPL>(m, l, acc, g.Dv, wm, wl, wacc);
     att_finish(wm, wl, wacc, nwarps, g.Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, g.part_o,
-               g.part_ml, g.cnt, g.out, flag);
+               g.part_ml, g.cnt, g.out, flag, g.sinks ? g.sinks + h : nullptr);
 }
 
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
 // as the QKV product left them (not normed, not rotated); attn_decode_head says who does what.
+// freqs, mscale: rope_table's; sinks: attn_rows'.
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
 // attn_decode_w<W> takes heads of at most W, in the layout of that width (its registers only);
 // the plan takes the narrowest that holds its heads. attn_decode_w512 takes every head width.
@@ -669,15 +681,16 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
         const float *__restrict__ qnw, const float *__restrict__ knw, const i32 *__restrict__ pos, \
         const i32 *__restrict__ slots, const i32 *__restrict__ bt, const i32 *__restrict__ btoff, \
         void *kc, void *vc, float *part_o, float *part_ml, u32 *cnt, float *out, int Hkv, int D, \
-        int Dv, int n_rot, int neox, float base, float freq_scale, float eps, int block_size,   \
-        float scale, int window, int kv_fmt
+        int Dv, int n_rot, int neox, float base, float freq_scale, const float *freqs,         \
+        float mscale, float eps, int block_size, float scale, int window, int kv_fmt,          \
+        const float *sinks
 #define ATT_DECODE_BODY(DISPATCH)                                                               \
     __shared__ float rc[LAYER_MAX_D], wm[ATT_MAX_WARPS + 1], wl[ATT_MAX_WARPS + 1];            \
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];                                   \
     __shared__ int flag;                                                                        \
     const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt, \
-                       out, Hkv, D, Dv, n_rot, neox, base, freq_scale, eps, block_size, scale, \
-                       window, kv_fmt};                                                         \
+                       out, Hkv, D, Dv, n_rot, neox, base, freq_scale, freqs, mscale, eps,     \
+                       block_size, scale, window, kv_fmt, sinks};                                                         \
     DISPATCH
 #define DECODE_HEAD(L, V)                                                          \
     do {                                                                           \

@@ -6,7 +6,8 @@
 // pos[r] and btoff[r] (its sequence's block table bt + btoff[r]; position p lives in slot
 // table[p / block_size] * block_size + p % block_size). Row r attends to positions lo .. pos[r]
 // of its own sequence, lo = pos[r] + 1 - window when window > 0 and that is > 0, else 0.
-// out [R, H, Dv] float32.
+// out [R, H, Dv] float32. sinks [H] (null: none): each head's attention sink (gpt-oss), one more
+// softmax term e^sink whose value is zero.
 //
 // A block takes AP_ROWS query rows of one KV head: the pairs (token r, head g of the group)
 // numbered i = r * G + g (G = H / Hkv query heads per KV head), i in [i0, i0 + AP_ROWS), so the
@@ -56,6 +57,7 @@ struct ApArgs {
     int R, H, Hkv, D, Dv, bs, window;
     float sl;  // scale * log2(e)
     int G, kvh, i0, col0, t_first, n_tok;
+    const float* sinks;
     const i32* s_pos;  // shared: pos and btoff of the block's tokens t_first ..
     const i32* s_off;
     i32* s_slot;  // shared: cache slots of two K/V tiles (tensor-core path)
@@ -88,6 +90,7 @@ struct ApRow {
     const float* q;
     float* o;
     int tok;  // block token index
+    int h;    // query head
 };
 
 FORGE_DEV ApRow ap_row(const ApArgs& a, int row) {
@@ -96,13 +99,24 @@ FORGE_DEV ApRow ap_row(const ApArgs& a, int row) {
     r.q = 0;
     r.o = 0;
     r.tok = -1;
+    r.h = 0;
     if (i < a.R * a.G) {
         const int t = i / a.G, h = a.kvh * a.G + i % a.G;
+        r.h = h;
         r.q = a.q + ((i64)t * a.H + h) * a.D;
         r.o = a.out + ((i64)t * a.H + h) * a.Dv;
         r.tok = t - a.t_first;
     }
     return r;
+}
+
+// The factor turning a row's accumulated P V into its output: 1 / l, or with a sink s (log2
+// units, as m) the softmax's own normaliser once e^s joins: e^(m - m') / (l e^(m - m') + e^(s - m'))
+// with m' = max(m, s).
+FORGE_DEV float ap_norm(const ApArgs& a, int h, float m, float l) {
+    if (!a.sinks) return l > 0.0f ? 1.0f / l : 0.0f;
+    const float s = a.sinks[h] * AP_LOG2E, mm = fmaxf(m, s), f = exp2f(m - mm);
+    return f / (l * f + exp2f(s - mm));
 }
 
 FORGE_DEV void ap_range(const ApArgs& a, int tok, int sa, int sb, int& lo, int& hi) {
@@ -192,7 +206,7 @@ template <int DP, bool F16> FORGE_DEV void ap_simt(const ApArgs& a, float* smem)
             sa = seg.last + 1;
         }
         if (r.o) {
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float inv = ap_norm(a, r.h, m, l);
 #pragma unroll
             for (int i = 0; i < NO; ++i) {
                 const int d = a.col0 + sub + 4 * i;
@@ -418,7 +432,7 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     for (int x = 0; x < 2; ++x) {
         float* orow = x ? rb.o : ra.o;
         if (!orow) continue;
-        const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+        const float inv = ap_norm(a, x ? rb.h : ra.h, m[x], l[x]);
 #pragma unroll
         for (int n = 0; n < DVC / 8; ++n) {
             const int d = a.col0 + 8 * n + 2 * (lane & 3);
@@ -433,7 +447,8 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
 template <int DP>
 FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
                        const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
-                       int Dv, int block_size, float scale, int window, int kv_mode, u16* smem,
+                       int Dv, int block_size, float scale, int window, int kv_mode,
+                       const float* sinks, u16* smem,
                        i32* s_pos, i32* s_off, i32* s_slot) {
     ApArgs a;
     a.q = q;
@@ -448,6 +463,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     a.Dv = Dv;
     a.bs = block_size;
     a.window = window;
+    a.sinks = sinks;
     a.sl = scale * AP_LOG2E;
     a.G = H / Hkv;
     a.kvh = blockIdx.y;
@@ -480,32 +496,32 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_mode,
-                smem, s_pos, s_off, s_slot);
+                sinks, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_mode, smem, s_pos, s_off, s_slot);
+                 kv_mode, sinks, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_mode, smem, s_pos, s_off, s_slot);
+                 kv_mode, sinks, smem, s_pos, s_off, s_slot);
 }

@@ -18,6 +18,7 @@
 #define T_Q4_K 10
 #define T_Q5_K 11
 #define T_Q6_K 12
+#define T_MXFP4 13  // expert matrices only (moe.hip)
 
 // ---- matrix descriptors: DESC_LEN int64 per matrix, in device memory ----
 #define DESC_LEN 8

@@ -8,7 +8,7 @@
 //   Q4_0 Q4_1 Q5_0 Q5_1: K/16 (2 per block: 8 bytes of quants each)    Q8_0: K/16 (2 per block)
 //   Q4_K: K/64 (4 per super-block: 32 bytes of quants each)   Q5_K: K/32 (8 per super-block: 16
 //   bytes of quants each)   Q6_K: K/32 (8 per block)
-//   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)
+//   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)   MXFP4: K/16 (as Q4_0)
 // Plain C++ under FORGE_HOST too, so that tests/test_hip_mmv_host.py checks the units on the CPU.
 #pragma once
 #include "quants.h"
@@ -251,6 +251,51 @@ FORGE_DEV void add_q5_1(const Ld32& w, int u, const XQ& x, int R, float* acc) {
                    ((w.q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), w.d, w.m, R, acc);
 }
 
+// MXFP4 (quants.h's deq32_mxfp4 layout): unit u = codes 8 (u & 1) .. + 7 of block u / 2, the
+// Q4_0 element order; rows of any length, so the codes load at any byte alignment.
+
+// 8 bytes at any address, from the aligned 8-byte words holding them.
+FORGE_DEV V2 ld8_a1(const u8* p) {
+    const u64 a = (u64)p;
+    const u64* w = (const u64*)(a & ~(u64)7);
+    const u32 s = (u32)(a & 7) * 8;
+    const u64 v = s ? (w[0] >> s) | (w[1] << (64 - s)) : w[0];
+    V2 r;
+    r.x = (u32)v;
+    r.y = (u32)(v >> 32);
+    return r;
+}
+
+// Four E2M1 codes (the low nibble of each byte of c) as the int8 bytes of e2m1_twice.
+FORGE_DEV u32 e2m1_bytes(u32 c) {
+#if defined(FORGE_NV)
+    const u32 mag = c & 0x07070707u, two = mag | (mag >> 4);  // the codes as selector nibbles
+    const u32 sel = (two & 0xffu) | ((two >> 8) & 0xff00u);
+    const u32 v = __byte_perm(0x03020100u, 0x0c080604u, sel);  // magnitudes 0 1 2 3 4 6 8 12
+    const u32 neg = ((c >> 3) & 0x01010101u) * 0xffu;
+    return (__vsub4(0u, v) & neg) | (v & ~neg);
+#else
+    u32 r = 0u;
+    for (int b = 0; b < 4; ++b) r |= (u32)(e2m1_twice((c >> (8 * b)) & 0xfu) & 255) << (8 * b);
+    return r;
+#endif
+}
+
+FORGE_DEV Ld32 ld_mxfp4(const u8* row, int u) {
+    Ld32 w;
+    w.q = ld8_a1(row + 16 * (i64)(u >> 1) + 8 * (u & 1));
+    w.qh = 0u;
+    w.d = e8m0_half(row[-((i64)(u >> 1) + 1)]);
+    w.m = 0.0f;
+    return w;
+}
+template <int RM>
+FORGE_DEV void add_mxfp4(const Ld32& w, int u, const XQ& x, int R, float* acc) {
+    unit32_add<RM>(x, u >> 1, u & 1, e2m1_bytes(w.q.x & M4), e2m1_bytes(w.q.y & M4),
+                   e2m1_bytes((w.q.x >> 4) & M4), e2m1_bytes((w.q.y >> 4) & M4), w.d, 0.0f, R,
+                   acc);
+}
+
 // Q8_0 (quants.h's deq32_q8_0 layout): unit u = quants 16u .. 16u+15 (half of block u/2), loaded
 // as two 8-byte words: ld_q8_0 where rows are 8-aligned (K % 128 == 0), ld_q8_0u (ld8_a2) for
 // 2-aligned ones; separate loaders keep the aligned path free of the other's registers.
@@ -459,6 +504,7 @@ MVQ_UNIT(q5_1)
 MVQ_UNIT(q8_0)
 MVQ_UNIT(q4_k)
 MVQ_UNIT(q6_k)
+MVQ_UNIT(mxfp4)
 // T: type B's units through B's 2-aligned loader ld_T (same arithmetic, add_B).
 #define MVQ_UNIT_U(T, B)                                                                \
     template <int RM>                                                                   \

@@ -20,6 +20,7 @@
 #define BYTES_Q4_K 144
 #define BYTES_Q5_K 176
 #define BYTES_Q6_K 210
+#define BYTES_MXFP4 17
 
 FORGE_DEV void deq32_q4_0(const u8* row, int c, float* v) {  // d, qs[16]
     const u8* b = row + (i64)c * BYTES_Q4_0;
@@ -80,6 +81,28 @@ FORGE_DEV void deq32_q8_0(const u8* row, int c, float* v) {
     const i8* qs = (const i8*)(row + 32 * (i64)c);
 #pragma unroll
     for (int j = 0; j < 32; ++j) v[j] = d * (float)qs[j];
+}
+
+// MXFP4 (GGML's block_mxfp4: an E8M0 exponent e, then 16 bytes of E2M1 codes, low nibbles
+// elements 0..15, high nibbles 16..31) as the GPU arena stores it (forge_hip.arena.mxfp4_rows):
+// a row pointer addresses the row's codes (block c's at row + 16 c), the exponents sit just
+// before it in reverse order (block c's at row - (c + 1)). Values are GGML's kvalues_mxfp4
+// (twice the E2M1 value) times e8m0_half(e) = 2^(e - 128).
+FORGE_DEV float e8m0_half(u32 e) { return bits_to_float(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
+
+FORGE_DEV int e2m1_twice(u32 code) {  // 0 1 2 3 4 6 8 12, negated when bit 3 is set
+    const int m = (int)(code & 7u), v = m < 4 ? m : (2 + (m & 1)) << ((m >> 1) - 1);
+    return code & 8u ? -v : v;
+}
+
+FORGE_DEV void deq32_mxfp4(const u8* row, int c, float* v) {
+    const float d = e8m0_half(row[-((i64)c + 1)]);
+    const u8* qs = row + 16 * (i64)c;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        v[j] = d * (float)e2m1_twice(qs[j] & 0xfu);
+        v[j + 16] = d * (float)e2m1_twice(qs[j] >> 4);
+    }
 }
 
 // K-quants: chunk c is sub-range s = c % 8 of super-block c / 8.

@@ -93,6 +93,15 @@ def test_splits_a_model_does_not_allow_are_named(golden_dir, name, world, words)
         ShardPlan.build(spec, gguf, world)
 
 
+@pytest.mark.parametrize("part", ["sinks", "out_bias"])
+def test_attention_sinks_and_output_bias_are_refused(golden_dir, part):
+    """A row-split output product would add its bias once per rank; sinks are per head."""
+    spec, gguf = _model(golden_dir, "llama-q8_0.gguf")
+    odd = spec.model_copy(update={"attention": spec.attention.model_copy(update={part: True})})
+    with pytest.raises(UsageError, match="does not split attention sinks or an attention output"):
+        ShardPlan.build(odd, gguf, 2)
+
+
 def test_kv_heads_neither_divisor_nor_multiple_are_refused(golden_dir):
     spec, gguf = _model(golden_dir, "llama-q8_0.gguf")
     odd = spec.model_copy(update={"n_head": 6, "n_head_kv": 3})

@@ -2,7 +2,8 @@
 positions, and the fused decode kernel attn_decode (Q/K RMSNorm + RoPE, the K/V store, split
 attention with its in-kernel merge) against the reference and against the unfused path
 (qk_rope_store, then attn_rows) on the same inputs. GQA, sliding windows, head sizes 64..512,
-D != Dv, f16 and f32 caches, one split (no merge) and many (merged by the last block)."""
+D != Dv, f16 and f32 caches, one split (no merge) and many (merged by the last block), gpt-oss's
+attention sinks and RoPE from a frequency table with a magnitude (YaRN)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from tests.support.gpu_helpers import rel_err
 BS = 16  # positions per cache block
 
 
-def attention_ref(q, k, v, scale, window):
-    """q [H, D]; k [n_kv, KVH, D], v [n_kv, KVH, Dv] (as cached) -> [H, Dv] in float64."""
+def attention_ref(q, k, v, scale, window, sinks=None):
+    """q [H, D]; k [n_kv, KVH, D], v [n_kv, KVH, Dv] (as cached) -> [H, Dv] in float64; sinks
+    [H]: one more softmax logit per head whose value is zero."""
     H = q.shape[0]
     n_kv, KVH, _ = k.shape
     lo = max(0, n_kv - window) if window > 0 else 0
@@ -25,22 +27,27 @@ def attention_ref(q, k, v, scale, window):
     for h in range(H):
         kh = h // (H // KVH)
         s = (k[lo:, kh].astype(np.float64) @ q[h].astype(np.float64)) * scale
-        p = np.exp(s - s.max())
-        out[h] = (p / p.sum()) @ v[lo:, kh].astype(np.float64)
+        m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+        p = np.exp(s - m)
+        total = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+        out[h] = (p / total) @ v[lo:, kh].astype(np.float64)
     return out
 
 
-def norm_rope_ref(x, w, pos, n_rot, neox, base, freq_scale, eps):
-    """One head [D]: RMSNorm (when w is given) and RoPE at `pos`, float64."""
+def norm_rope_ref(x, w, pos, n_rot, neox, base, freq_scale, eps, freqs=None, mscale=1.0):
+    """One head [D]: RMSNorm (when w is given) and RoPE at `pos`, float64 (`freqs`: each pair's
+    frequency instead of base^(-2i/n_rot); cos and sin times `mscale`)."""
     x = x.astype(np.float64)
     if w is not None:
         x = x / np.sqrt(np.mean(x * x) + eps) * w
     out, half = x.copy(), n_rot // 2
     i = np.arange(half)
-    theta = pos * freq_scale * base ** (-2.0 * i / n_rot)
+    f = base ** (-2.0 * i / n_rot) if freqs is None else freqs.astype(np.float64)
+    theta = pos * freq_scale * f
+    c, s = mscale * np.cos(theta), mscale * np.sin(theta)
     a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-    out[a] = x[a] * np.cos(theta) - x[b] * np.sin(theta)
-    out[b] = x[a] * np.sin(theta) + x[b] * np.cos(theta)
+    out[a] = x[a] * c - x[b] * s
+    out[b] = x[a] * s + x[b] * c
     return out
 
 
@@ -107,57 +114,78 @@ ROWS_CASES = [
 ]
 
 
+@pytest.mark.parametrize("sunk", [False, True], ids=["", "sinks"])
 @pytest.mark.parametrize("H,KVH,D,Dv,positions,window,splits,f16", ROWS_CASES)
-def test_attn_rows(rt, lib, dev, H, KVH, D, Dv, positions, window, splits, f16):
+def test_attn_rows(rt, lib, dev, H, KVH, D, Dv, positions, window, splits, f16, sunk):
     rng = np.random.default_rng()
     c = Case(rng, H, KVH, D, Dv, positions, f16)
     b = c.buffers(dev, splits)
     scale = D**-0.5
+    sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if sunk else None
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], KVH, D, Dv, BS, scale, window,
-            int(f16)]  # fmt: skip
+            int(f16), dev.put(sinks) if sunk else 0]  # fmt: skip
     R = len(positions)
     for _ in range(2):  # twice: the split counters are back at zero after a launch
         rt.launch(lib.get("attn_rows"), (H, R, splits), (ATT_THREADS,), args)
         got = dev.get(b["out"], (R, H, Dv))
         for r in range(R):
             k, v = c.cache_view(r, c.kc, c.vc)
-            assert rel_err(got[r], attention_ref(c.q[r], k, v, scale, window)) < 2e-6, r
+            want = attention_ref(c.q[r], k, v, scale, window, sinks)
+            assert rel_err(got[r], want) < 2e-6, r
     assert not dev.get(b["cnt"], (R * H,), np.uint32).any()
 
 
 DECODE_CASES = [
-    # H, KVH, D, Dv, n_rot, neox, norms, positions, window, splits, f16
-    (4, 1, 256, 256, 256, 1, True, [700, 3, 128], 0, 16, True),  # Gemma 3: q/k norm, NeoX RoPE
-    (4, 1, 256, 256, 256, 1, True, [700, 40], 512, 16, True),  # ... a sliding-window layer
-    (8, 2, 64, 64, 64, 0, False, [0, 129, 257], 0, 8, True),  # Llama-like, first token
-    (4, 2, 128, 128, 64, 1, True, [300], 0, 4, False),  # partial rotation, f32 cache
-    (4, 4, 96, 64, 32, 0, False, [50, 51], 0, 1, True),  # D != Dv, one split
+    # H, KVH, D, Dv, n_rot, neox, norms, positions, window, splits, f16, oss
+    (4, 1, 256, 256, 256, 1, True, [700, 3, 128], 0, 16, True, False),  # Gemma 3: q/k norm, NeoX
+    (4, 1, 256, 256, 256, 1, True, [700, 40], 512, 16, True, False),  # ... a sliding window
+    (8, 2, 64, 64, 64, 0, False, [0, 129, 257], 0, 8, True, False),  # Llama-like, first token
+    (4, 2, 128, 128, 64, 1, True, [300], 0, 4, False, False),  # partial rotation, f32 cache
+    (4, 4, 96, 64, 32, 0, False, [50, 51], 0, 1, True, False),  # D != Dv, one split
+    # gpt-oss: sinks, a YaRN frequency table and magnitude; full and windowed layers
+    (8, 2, 64, 64, 64, 1, False, [0, 129, 700], 0, 8, True, True),
+    (8, 2, 64, 64, 64, 1, False, [5, 300], 128, 8, True, True),
+    (8, 2, 64, 64, 64, 1, False, [40, 41], 0, 1, False, True),  # one split, f32 cache
 ]
 
 
+def _yarn_freqs(n_rot: int) -> np.ndarray:
+    """gpt-oss's RoPE frequencies (base 150000, YaRN factor 32 over 4096 positions)."""
+    from forge.models.rope import rope_frequencies
+    from forge.models.spec import RopeScaling
+
+    yarn = RopeScaling(kind="yarn", factor=32.0, original_context=4096, beta_fast=32.0,
+                       beta_slow=1.0, ext_factor=1.0, mscale=1.35)  # fmt: skip
+    return rope_frequencies(n_rot, 150000.0, yarn).astype(np.float32)
+
+
 @pytest.mark.parametrize("width", [False, True], ids=["any_width", "by_width"])
-@pytest.mark.parametrize("H,KVH,D,Dv,n_rot,neox,norms,positions,window,splits,f16", DECODE_CASES)
+@pytest.mark.parametrize("H,KVH,D,Dv,n_rot,neox,norms,positions,window,splits,f16,oss",
+                         DECODE_CASES)  # fmt: skip
 def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, positions, window,
-                           splits, f16, width):  # fmt: skip
+                           splits, f16, oss, width):  # fmt: skip
     """attn_decode_w512 (every head width), or the attn_decode_w<W> the plan takes for these
     heads."""
     kernel = f"attn_decode_w{attn_decode_width(D, Dv) if width else 512}"
     rng = np.random.default_rng()
     c = Case(rng, H, KVH, D, Dv, positions, f16)
-    R, scale, eps, base, fscale = len(positions), D**-0.5, 1e-6, 10000.0, 0.5
+    R, scale, eps, base, fscale = len(positions), D**-0.5, 1e-6, 10000.0, 1.0 if oss else 0.5
+    freqs, mscale = (_yarn_freqs(n_rot), 1.35) if oss else (None, 1.0)
+    sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if oss else None
+    sk = dev.put(sinks) if oss else 0
     qnw = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norms else None
     knw = (1 + 0.3 * rng.standard_normal(D)).astype(np.float32) if norms else None
     nw = [dev.put(qnw) if norms else 0, dev.put(knw) if norms else 0]
     meta = [dev.put(c.pos), dev.put(c.slots), dev.put(c.bt), dev.put(c.btoff)]
     q, k, v = dev.put(c.q), dev.put(c.k), dev.put(c.v)
-    rope = [n_rot, neox, base, fscale, eps]
+    rope = [n_rot, neox, base, fscale, dev.put(freqs) if oss else 0, mscale, eps]
     att = [BS, scale, window, int(f16)]
     # fused
     f = c.buffers(dev, splits)
     rt.launch(lib.get(kernel), (H, R, splits), (ATT_THREADS,),
               [q, k, v, *nw, *meta, f["kc"], f["vc"], f["part_o"], f["part_ml"], f["cnt"],
-               f["out"], KVH, D, Dv, *rope, *att])  # fmt: skip
+               f["out"], KVH, D, Dv, *rope, *att, sk])  # fmt: skip
     fused = dev.get(f["out"], (R, H, Dv))
     kc_f, vc_f = _get_cache(dev, f["kc"], c.kc, f16), _get_cache(dev, f["vc"], c.vc, f16)
     # unfused: qk_rope_store (in place on copies of q, k), then attn_rows
@@ -169,7 +197,7 @@ def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, posi
                int(f16)])  # fmt: skip
     rt.launch(lib.get("attn_rows"), (H, R, splits), (ATT_THREADS,),
               [q2, u["kc"], u["vc"], meta[2], meta[3], meta[0], u["part_o"], u["part_ml"],
-               u["cnt"], u["out"], KVH, D, Dv, *att])  # fmt: skip
+               u["cnt"], u["out"], KVH, D, Dv, *att, sk])  # fmt: skip
     unfused = dev.get(u["out"], (R, H, Dv))
     kc_u, vc_u = _get_cache(dev, u["kc"], c.kc, f16), _get_cache(dev, u["vc"], c.vc, f16)
     # both paths store the same K/V and agree to float rounding
@@ -184,11 +212,13 @@ def test_attn_decode_fused(rt, lib, dev, H, KVH, D, Dv, n_rot, neox, norms, posi
     dt = np.float16 if f16 else np.float32
     for r, p in enumerate(positions):
         for j in range(KVH):
-            kref = norm_rope_ref(c.k[r, j], knw, p, n_rot, neox, base, fscale, eps)
+            kref = norm_rope_ref(c.k[r, j], knw, p, n_rot, neox, base, fscale, eps, freqs,
+                                 mscale)  # fmt: skip
             np.testing.assert_allclose(kc_f[c.slots[r], j], kref.astype(dt), rtol=2e-3,
                                        atol=2e-3)  # fmt: skip
             np.testing.assert_array_equal(vc_f[c.slots[r], j], c.v[r, j].astype(dt))
-        qref = np.stack([norm_rope_ref(c.q[r, h], qnw, p, n_rot, neox, base, fscale, eps)
-                         for h in range(H)])  # fmt: skip
+        qref = np.stack([norm_rope_ref(c.q[r, h], qnw, p, n_rot, neox, base, fscale, eps, freqs,
+                                       mscale) for h in range(H)])  # fmt: skip
         kk, vv = c.cache_view(r, kc_f, vc_f)
-        assert rel_err(fused[r], attention_ref(qref, kk, vv, scale, window)) < 5e-4, r
+        want = attention_ref(qref, kk, vv, scale, window, sinks)
+        assert rel_err(fused[r], want) < 5e-4, r

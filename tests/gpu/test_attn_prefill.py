@@ -3,7 +3,8 @@
 shuffled block tables and NaN in every slot no sequence owns, GQA groups that do and do not
 divide the 64-row tile, sliding windows, head sizes 64..256 (Dv may differ), float32 caches and
 float16 caches (mode 1: tensor cores on NVIDIA, Q and P rounded to float16; mode 2: float32 math),
-and outputs poisoned with NaN (rows past the batch must stay untouched)."""
+gpt-oss's attention sinks on every path, and outputs poisoned with NaN (rows past the batch must
+stay untouched)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def padded_d(d: int) -> int:
     return next(p for p in (64, 128, 256) if d <= p)
 
 
-def reference(q, kc, vc, seqs, tables, bs, scale, window):
+def reference(q, kc, vc, seqs, tables, bs, scale, window, sinks=None):
     """out [R, H, Dv] in float64: row at position p of a sequence attends to its positions
-    lo .. p (lo = p + 1 - window when window > 0)."""
+    lo .. p (lo = p + 1 - window when window > 0); sinks [H]: one more logit per head whose value
+    is zero."""
     R, H, _ = q.shape
     kvh_n = kc.shape[1]
     group = H // kvh_n
@@ -36,8 +38,11 @@ def reference(q, kc, vc, seqs, tables, bs, scale, window):
                 k = kc[slots, h // group].astype(np.float64)
                 v = vc[slots, h // group].astype(np.float64)
                 s = k @ q[r, h].astype(np.float64) * scale
-                w = np.exp(s - s.max())
-                out[r, h] = (w / w.sum()) @ v
+                sink = None if sinks is None else float(sinks[h])
+                m = s.max() if sink is None else max(s.max(), sink)
+                w = np.exp(s - m)
+                total = w.sum() + (0.0 if sink is None else np.exp(sink - m))
+                out[r, h] = (w / total) @ v
             r += 1
     return out
 
@@ -55,10 +60,26 @@ CASES = [
     (6, 2, 96, 64, 16, 0, 2, [(0, 50), (17, 20)]),  # f16 cache, float32 math
     (4, 1, 256, 256, 16, 64, 2, [(0, 45), (130, 38)]),
 ]
+SINK_CASES = [  # gpt-oss's heads (64 query, 8 KV, D 64 there) on each path
+    (8, 2, 64, 64, 16, 0, 1, [(0, 90), (30, 7)]),
+    (8, 2, 64, 64, 16, 8, 1, [(0, 70)]),  # a sliding-window layer
+    (8, 2, 64, 64, 16, 0, 0, [(0, 40), (12, 5)]),
+    (8, 2, 64, 64, 16, 0, 2, [(0, 40)]),
+]
+
+
+@pytest.mark.parametrize("sunk", [False, True], ids=["", "sinks"])
+@pytest.mark.parametrize("H,KVH,D,Dv,bs,window,mode,seqs", CASES[:3] + SINK_CASES)
+def test_prefill_attention_with_sinks(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
+    _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk)
 
 
 @pytest.mark.parametrize("H,KVH,D,Dv,bs,window,mode,seqs", CASES)
 def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
+    _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, False)
+
+
+def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
     rng = np.random.default_rng()
     need = [(start + n - 1) // bs + 1 for start, n in seqs]
     n_blocks = sum(need) + 3
@@ -84,6 +105,7 @@ def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
     btoff = np.concatenate([np.full(n, o) for (_, n), o in zip(seqs, offs)]).astype(np.int32)
     bt = np.concatenate(tables).astype(np.int32)
     scale = D**-0.5
+    sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if sunk else None
     extra = 3  # rows past the batch: must keep their poison
     out = dev.poisoned((R + extra) * H * Dv * 4)
     dp = padded_d(D)
@@ -94,11 +116,12 @@ def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
         grid,
         (AP_THREADS,),
         [dev.put(q), dev.put(kc.view(view)), dev.put(vc.view(view)), dev.put(bt),
-         dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, mode],
+         dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, mode,
+         dev.put(sinks) if sunk else 0],
     )  # fmt: skip
     got = dev.get(out, (R + extra, H, Dv))
     assert np.isnan(got[R:]).all()
-    ref = reference(q, kc, vc, seqs, tables, bs, scale, window)
+    ref = reference(q, kc, vc, seqs, tables, bs, scale, window, sinks)
     err = rel_err(got[:R], ref)
     # mode 1: Q and the probabilities may be rounded to float16 (tensor cores)
     assert err < (2e-3 if mode == 1 else 1e-5), err
@@ -107,11 +130,11 @@ def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
 
 
 def test_prefill_attention_plan_routing():
-    """Plan sends prefill rows to attn_prefill (padded D), keeping attn_rows for head sizes it
-    does not take; nothing here needs a GPU."""
+    """The plan's attention part sends prefill rows to attn_prefill (padded D), keeping attn_rows
+    for head sizes it does not take; nothing here needs a GPU."""
     from types import SimpleNamespace
 
-    from forge_hip.plan import Plan
+    from forge_hip.attention_part import AttentionLaunches, Attentions
 
     from forge.kv_cache import KvFormat
 
@@ -124,36 +147,38 @@ def test_prefill_attention_plan_routing():
     def plan_for(d, dv, f16, wtype="Q4_K"):
         spec = SimpleNamespace(head_dim=d, head_dim_v=dv, n_head=8, n_head_kv=2, attn_scale=0.1,
                                layers=[SimpleNamespace(sliding_window=None)])  # fmt: skip
-        p = Plan.__new__(Plan)
+        p = Attentions.__new__(Attentions)
         p.spec, p.lib = spec, Lib()
-        p.products = SimpleNamespace(round_prefill=True,
-                                     mats=[(SimpleNamespace(type=wtype), None)] * 3)  # fmt: skip
+        p.products = SimpleNamespace(
+            round_prefill=True,
+            mats=[(SimpleNamespace(type=wtype), None)] * 3,
+            launch=lambda k, grid, block, args: launches.append((k, grid, block, args)),
+        )
         p.ws = SimpleNamespace(q=1, attn=2)
-        p.attention = [SimpleNamespace(qkv=0)]
-        p._launch = lambda k, grid, block, args: launches.append((k, grid, block, args))
         fmt = KvFormat.F16 if f16 else KvFormat.F32
         kv = SimpleNamespace(format=fmt, block_size=16, layer=lambda i: (10, 11))
         meta = SimpleNamespace(bt=3, btoff=4, pos=5)
         return p, kv, meta
 
+    a = AttentionLaunches(0, 0, 0, 0, 0, 0, sinks=77)
     p, kv, meta = plan_for(128, 128, True)
-    assert p._prefill_attention(100, meta, kv, 0)
+    assert p.prefill(0, a, 100, meta, kv)
     k, grid, block, args = launches[-1]
     assert k == "attn_prefill_128" and grid == (7, 2, 1) and block == (AP_THREADS,)
     assert args[:7] == [1, 10, 11, 3, 4, 5, 2] and args[7:] == [100, 8, 2, 128, 128, 16, 0.1,
-                                                                0, 1]  # fmt: skip
+                                                                0, 1, 77]  # fmt: skip
     p, kv, meta = plan_for(256, 256, True)
-    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][0] == "attn_prefill_256"
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][0] == "attn_prefill_256"
     assert launches[-1][1] == (1, 2, 2)
     n = len(launches)
-    assert not plan_for(512, 512, True)[0]._prefill_attention(9, meta, kv, 0)
-    assert not plan_for(100, 100, True)[0]._prefill_attention(9, meta, kv, 0)  # 100 % 8
+    assert not plan_for(512, 512, True)[0].prefill(0, a, 9, meta, kv)
+    assert not plan_for(100, 100, True)[0].prefill(0, a, 9, meta, kv)  # 100 % 8
     assert len(launches) == n
     p, kv, meta = plan_for(100, 100, False)  # float32 cache: any D up to 256
-    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][0] == "attn_prefill_128"
-    assert launches[-1][3][-1] == 0
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][0] == "attn_prefill_128"
+    assert launches[-1][3][-2] == 0
     p, kv, meta = plan_for(128, 128, True)
     p.products.round_prefill = False  # float32 math over the float16 cache
-    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 2
     p, kv, meta = plan_for(128, 128, True, "F32")  # F32 Q/K/V weights: float32 math as well
-    assert p._prefill_attention(9, meta, kv, 0) and launches[-1][3][-1] == 2
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 2

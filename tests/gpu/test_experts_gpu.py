@@ -59,8 +59,16 @@ def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, 
     assert (t[len(live) :, 2] == 0).all()  # the tiles past the last do nothing
 
 
+PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take
+    "qwen3moe-q4_k_m.gguf": {"r1", "r8", "mma"},
+    "qwen3moe-q8_0.gguf": {"r1", "r8", "mma"},
+    "gpt-oss-q8_0.gguf": {"r1", "mma"},  # 8 experts, 4 a token: 12 pairs each at 24 tokens
+    "gpt-oss-mxfp4.gguf": {"r1", "r8"},  # MXFP4: no tensor-core tiles
+}
+
+
 @pytest.mark.parametrize("forced", [None, "r1", "r8", "gen"])
-@pytest.mark.parametrize("model_file", ["qwen3moe-q4_k_m.gguf", "qwen3moe-q8_0.gguf"])
+@pytest.mark.parametrize("model_file", list(PLANNED))
 def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_dir, monkeypatch,
                                                 report):  # fmt: skip
     """Logits of prompts of 1, 24 and 300 tokens on hip and cpu_simd, within the golden bound
@@ -81,10 +89,11 @@ def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_d
         seen, worst = set(), 0.0
         for n in (1, 24, 300):
             tokens = rng.integers(3, gpu.n_vocab, n).tolist()
-            seen.add(experts.variant(("Q4_K",), min(n, 256) * f.n_expert_used, f.n_expert))
+            types = gpu.runner.plan.ffn[0].types
+            seen.add(experts.variant(types, min(n, 256) * f.n_expert_used, f.n_expert))
             mx, _ = logit_errors(gpu.logits(tokens), cpu.logits(tokens))
             worst = max(worst, mx)
-        assert seen == ({"r1", "r8", "mma"} if forced is None else {forced})
+        assert seen == (PLANNED[model_file] if forced is None else {forced})
     finally:
         gpu.runner.close()
     report.append(f"moe hip vs cpu {model_file:22s} {forced or 'planned':7s} max {worst:.2e}")

@@ -41,12 +41,11 @@ def test_synthetic_model_gpu(rt, model_file, kv, golden_dir, synthetic_golden, r
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16"])
-@pytest.mark.parametrize("model_file", [m for m in MOE_MODELS if m.startswith("qwen3moe")]
-                         or ["<golden data missing>"])  # fmt: skip
+@pytest.mark.parametrize("model_file", MOE_MODELS or ["<golden data missing>"])
 def test_mixture_of_experts_model_gpu(rt, model_file, kv, golden_dir, moe_golden, report,
                                       monkeypatch):  # fmt: skip
-    """qwen3moe as the dense models (gpt-oss's attention sinks are not on hip yet:
-    tests/hip/test_capacity.py)."""
+    """qwen3moe and gpt-oss (attention sinks, YaRN, MXFP4 or Q8_0 experts) as the dense
+    models."""
     check_gpu(golden_dir, model_file, moe_golden[model_file], kv, report, monkeypatch)
 
 

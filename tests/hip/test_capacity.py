@@ -3,13 +3,15 @@ device work, and the memory estimate of a mixture of experts counts every expert
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from forge_hip.backend import HipBackend
 from forge_hip.capacity import check_spec
 
 from forge.errors import UnsupportedModelError
 from forge.gguf import open_gguf
-from forge.models import DenseFFN, RopeScaling, build_spec
+from forge.models import RopeScaling, build_spec
 
 
 def _spec(golden_dir, name):
@@ -28,23 +30,41 @@ def test_qwen3moe_passes_with_its_weight_types(golden_dir):
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-mxfp4.gguf", "gpt-oss-q8_0.gguf"])
-def test_gpt_oss_is_refused_for_its_sinks(golden_dir, name):
+def test_gpt_oss_passes_with_sinks_yarn_and_mxfp4_experts(golden_dir, name):
     gguf, spec = _spec(golden_dir, name)
-    with pytest.raises(UnsupportedModelError, match=r"attention sinks or an output bias"):
-        check_spec(spec, gguf)
+    assert spec.attention.sinks and spec.attention.out_bias
+    assert spec.layers[0].rope.kind == "yarn"
+    check_spec(spec, gguf)
 
 
-def test_attention_sinks_are_refused(golden_dir):
-    spec = _spec(golden_dir, "gpt-oss-q8_0.gguf")[1].model_copy(update={"ffn": DenseFFN(n_ff=64)})
-    with pytest.raises(UnsupportedModelError, match=r"attention sinks or an output bias"):
-        check_spec(spec)
+class _Typed:
+    """A GGUF stand-in whose tensors report `types[name]` (else their own type)."""
+
+    def __init__(self, gguf, types):
+        self.tensors = {n: SimpleNamespace(type=types.get(n, t.type), shape=t.shape)
+                        for n, t in gguf.tensors.items()}  # fmt: skip
 
 
-def test_yarn_rope_is_refused(golden_dir):
+def test_mxfp4_outside_experts_is_refused_by_name(golden_dir):
+    gguf, spec = _spec(golden_dir, "gpt-oss-mxfp4.gguf")
+    typed = _Typed(gguf, {"blk.1.attn_q.weight": "MXFP4"})
+    with pytest.raises(UnsupportedModelError, match=r"MXFP4 weights \(blk\.1\.attn_q\.weight\)"
+                                                    r".*expert matrices only"):  # fmt: skip
+        check_spec(spec, typed)
+
+
+def test_unknown_weight_type_is_refused_by_name(golden_dir):
+    gguf, spec = _spec(golden_dir, "qwen3-q8_0.gguf")
+    typed = _Typed(gguf, {"blk.0.ffn_up.weight": "IQ4_NL"})
+    with pytest.raises(UnsupportedModelError, match=r"IQ4_NL weights \(blk\.0\.ffn_up\.weight\)$"):
+        check_spec(spec, typed)
+
+
+@pytest.mark.parametrize("kind", ["yarn", "llama3"])
+def test_table_rope_scalings_pass(golden_dir, kind):
     spec = _spec(golden_dir, "qwen3-q8_0.gguf")[1]
-    yarn = spec.layers[0].model_copy(update={"rope": RopeScaling(kind="yarn", factor=4.0)})
-    with pytest.raises(UnsupportedModelError, match=r"RoPE scaling \['yarn'\]"):
-        check_spec(spec.model_copy(update={"layers": (yarn,) * spec.n_layer}))
+    layer = spec.layers[0].model_copy(update={"rope": RopeScaling(kind=kind, factor=4.0)})
+    check_spec(spec.model_copy(update={"layers": (layer,) * spec.n_layer}))
 
 
 def test_memory_estimate_counts_every_expert(golden_dir):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from forge_hip.contract import constants, declarations, kernel_signatures
-from forge_hip.library import KERNELS, TYPE_IDS, TYPE_SUFFIX, plan_kernels
+from forge_hip.library import EXPERT_TYPES, KERNELS, TYPE_IDS, TYPE_SUFFIX, plan_kernels
 from forge_hip.products import DESC, descriptor
 from forge_hip.step_meta import SAMPLE_FIELDS
 from forge_hip.workspace import DESC_LEN
@@ -16,7 +16,8 @@ from forge.gguf import SUPPORTED_TYPES
 
 
 def test_type_ids_follow_forges_type_order():
-    assert list(TYPE_IDS) == list(TYPE_SUFFIX) == [t for t in SUPPORTED_TYPES if t in TYPE_IDS]
+    assert list(TYPE_IDS) == [*TYPE_SUFFIX, *EXPERT_TYPES]
+    assert list(TYPE_IDS) == [t for t in SUPPORTED_TYPES if t in TYPE_IDS]
     assert list(TYPE_IDS.values()) == list(range(len(TYPE_IDS)))
     assert all(constants()[f"T_{t}"] == i for t, i in TYPE_IDS.items())
 
@@ -52,7 +53,7 @@ def test_signatures_are_read_from_declarations():
     sig = dict(KERNELS)
     assert sig["mvq_multi_r8"] == ("mmv.hip", "piiiipiiipi")  # macro-made, ## pasted
     assert sig["mvq_glu_r1n"] == ("mmv.hip", "piiipiiipii" + "pppppf")  # object-like params
-    assert sig["attn_decode_w128"][1] == "p" * 15 + "iiiiifffifii"
+    assert sig["attn_decode_w128"][1] == "p" * 15 + "iiiiiffpffifiip"
     assert sig["embed_q4_k"] == ("embed.hip", "pppif")
     assert sig["sample_rows"] == ("sampling.hip", "pipipppp")
     assert sig["feed_ids"] == ("layer.hip", "pppi")

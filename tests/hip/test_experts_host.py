@@ -5,6 +5,8 @@ arithmetic runs on the device (tests/gpu/test_experts_gpu.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -88,11 +90,25 @@ def test_expert_weights_the_kernels_do_not_decode_are_refused_by_name(golden_dir
     from forge_hip.capacity import check_spec
 
     gguf = open_gguf(str(golden_dir / "models" / "gpt-oss-mxfp4.gguf"))
-    spec = build_spec(gguf)
-    plain = spec.model_copy(update={"attention": spec.attention.model_copy(
-        update={"sinks": False, "out_bias": False})})  # fmt: skip
-    with pytest.raises(UnsupportedModelError, match=r"MXFP4 weights \(blk\.0\.ffn_gate_exps"):
-        check_spec(plain, gguf)
+    as_f16 = SimpleNamespace(tensors={n: SimpleNamespace(type="F16" if "_exps.weight" in n
+                                                         else t.type, shape=t.shape)
+                                      for n, t in gguf.tensors.items()})  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match=r"F16 weights \(blk\.0\.ffn_gate_exps"):
+        check_spec(build_spec(gguf), as_f16)
+
+
+@pytest.mark.parametrize("rows,variant", [(1, "r1"), (24, "r8"), (300, "r8")])
+def test_mxfp4_experts_take_the_dot_product_tiles_at_every_row_count(golden_dir, rows, variant):
+    """No tensor-core tiles for MXFP4: passes that would take them keep tiles of 8 pairs."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt, "gpt-oss-mxfp4.gguf")
+    runner.allocate_kv(64, 16)
+    rt.launches.clear()
+    tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
+    runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
+    names = {n for n, _ in _moe_launches(rt)}
+    assert {f"moe_glu_{variant}", f"moe_down_{variant}"} <= names
+    assert not {n for n in names if n.endswith("_mma")}
 
 
 def test_too_many_experts_per_token_are_refused(golden_dir):

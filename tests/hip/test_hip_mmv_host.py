@@ -41,6 +41,7 @@ extern "C" int mmv_row(int type, const u8* row, int K, const i8* q, const float*
         case 10: CALL(q4_k, K / 64)
         case 11: CALL(q5_k, K / 32)
         case 12: if (((u64)row & 7) == 0) { CALL(q6_k, K / 32) } CALL(q6_ku, K / 32)
+        case 13: CALL(mxfp4, K / 16)
     }
     return -1;
 }

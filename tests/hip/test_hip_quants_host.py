@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 from forge_hip.arena import device_rows
-from forge_hip.library import TYPE_SUFFIX
+from forge_hip.library import EXPERT_TYPES, TYPE_SUFFIX
 from gguf import GGMLQuantizationType, quants
 
 from tests.support.host_cxx import build_host_library
@@ -26,6 +26,7 @@ HARNESS = """
     extern "C" void dequant_##T(const u8* row, int K, float* out) { \\
         for (int c = 0; c < K / 32; ++c) deq32_##T(row, c, out + 32 * c); }
 FORGE_WEIGHT_TYPES(DEQ_ROW)
+DEQ_ROW(mxfp4, QK, BYTES_MXFP4)
 """
 
 
@@ -34,7 +35,7 @@ def lib(tmp_path_factory):
     return build_host_library(tmp_path_factory.mktemp("quants"), HARNESS)
 
 
-@pytest.mark.parametrize("type_name", list(TYPE_SUFFIX))
+@pytest.mark.parametrize("type_name", [*TYPE_SUFFIX, *EXPERT_TYPES])
 def test_decoder_matches_gguf_reference(lib, type_name):
     rng = np.random.default_rng()
     qtype = GGMLQuantizationType[type_name]
@@ -45,7 +46,7 @@ def test_decoder_matches_gguf_reference(lib, type_name):
     with np.errstate(all="ignore"):
         ref = quants.dequantize(raw, qtype).reshape(rows, K).astype(np.float32)
     out = np.full((rows, K), -12345.0, np.float32)  # poisoned
-    fn = getattr(lib, "dequant_" + TYPE_SUFFIX[type_name])
+    fn = getattr(lib, "dequant_" + type_name.lower())
     dev_rows, at = device_rows(type_name, raw)  # as the arena uploads them (Q8_0 rearranged)
     for r in range(rows):
         row = np.ascontiguousarray(dev_rows[r])

@@ -24,6 +24,8 @@ def random_raw(rng: np.random.Generator, type_name: str, rows: int, k: int) -> n
         bits = rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16
         return bits.astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, size=(rows, k // block, nbytes), dtype=np.uint8)
-    for off in HALF_FIELDS[type_name]:
+    if type_name == "MXFP4":  # E8M0 scales of 2^-8 .. 2^7
+        raw[:, :, 0] = rng.integers(119, 135, size=raw.shape[:2])
+    for off in HALF_FIELDS.get(type_name, ()):
         raw[:, :, off + 1] &= 0xBF  # exponent below 16: |scale| < 2, never inf/nan
     return raw.reshape(rows, -1)

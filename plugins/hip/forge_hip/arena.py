@@ -72,7 +72,15 @@ def _aux_before_quants(raw: np.ndarray, block: int, aux: slice, quants: slice):
     return np.concatenate([head, blocks[:, :, quants].reshape(n, -1)], axis=1), head.shape[1]
 
 
-_DEVICE_ROWS = {"Q8_0": q8_0_rows, "Q6_K": q6_k_rows}
+def mxfp4_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """MXFP4 rows [n, 17 * blocks] as the kernels read them on the device, and the offset of
+    the first row's pointer into them: each block's E8M0 exponent moves before the row, in
+    reverse block order, and its 16 bytes of codes follow the pointer (kernels/quants.h
+    deq32_mxfp4). Same bytes per row."""
+    return _aux_before_quants(raw, 17, slice(0, 1), slice(1, None))
+
+
+_DEVICE_ROWS = {"Q8_0": q8_0_rows, "Q6_K": q6_k_rows, "MXFP4": mxfp4_rows}
 
 
 def device_rows(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, int]:

@@ -11,9 +11,10 @@ from forge.kv_cache import KvFormat, KvTypes
 from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
+from forge_hip.attention_part import TABLE_KINDS
 from forge_hip.contract import constants
 from forge_hip.kv import kv_bytes
-from forge_hip.library import ROUND_MODE
+from forge_hip.library import ROUND_MODE, TYPE_SUFFIX
 from forge_hip.workspace import ROW_CAP, workspace_bytes
 
 MAX_HEAD_DIM = constants()["LAYER_MAX_D"]
@@ -62,13 +63,13 @@ def memory_needed(
 def check_spec(spec: ModelSpec, gguf: GGUFFile | None = None) -> None:
     """Raise UnsupportedModelError naming what the hip kernels cannot run (with `gguf`, the
     weight types are checked too)."""
-    if spec.attention.sinks or spec.attention.out_bias:
-        raise UnsupportedModelError("hip has no kernels for attention sinks or an output bias")
+    if gguf is not None:
+        _check_matrices(spec, gguf)
     if isinstance(spec.ffn, ExpertFFN):
         _check_experts(spec.ffn, spec, gguf)
     elif not isinstance(spec.ffn, DenseFFN):
         raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
-    rope_kinds = {layer.rope.kind for layer in spec.layers} - {"none", "linear"}
+    rope_kinds = {layer.rope.kind for layer in spec.layers} - {"none", "linear", *TABLE_KINDS}
     if rope_kinds:
         raise UnsupportedModelError(f"hip has no kernels for RoPE scaling {sorted(rope_kinds)}")
     if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
@@ -79,6 +80,16 @@ def check_spec(spec: ModelSpec, gguf: GGUFFile | None = None) -> None:
         raise UnsupportedModelError(f"hip supports n_embd up to {MAX_EMBD}")
     if spec.n_head % spec.n_head_kv or spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
         raise UnsupportedModelError("hip needs n_head % n_head_kv == 0 and an even rope_dim")
+
+
+def _check_matrices(spec: ModelSpec, gguf: GGUFFile) -> None:
+    """Matrices other than experts' need a type the dense product kernels decode."""
+    for name, w in model_weights(spec).items():
+        t = gguf.tensors[name].type
+        if w.kind == "matrix" and t not in TYPE_SUFFIX:
+            only = f": hip runs {t} in expert matrices only" if t in ROUND_MODE else ""
+            raise UnsupportedModelError(f"hip has no product kernels for {t} weights "
+                                        f"({name}){only}")  # fmt: skip
 
 
 def _check_experts(f: ExpertFFN, spec: ModelSpec, gguf: GGUFFile | None) -> None:

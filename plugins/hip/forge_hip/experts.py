@@ -13,8 +13,8 @@
 
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
-a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma"); "gen" when an expert
-matrix is Q2_K or Q3_K.
+a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types; MXFP4
+experts keep tiles of 8); "gen" when an expert matrix is Q2_K or Q3_K.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from forge_hip.arena import Placed
 from forge_hip.contract import constants
 from forge_hip.library import KernelLibrary
 from forge_hip.products import Products
-from forge_hip.tuning import MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
+from forge_hip.tuning import MMQ_TYPES, MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
 from forge_hip.workspace import Workspace
 
 _C = constants()
@@ -64,9 +64,9 @@ def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
     per_expert = pairs / n_expert
     if per_expert <= 2:
         return "r1"
-    if per_expert <= 8:
+    if per_expert <= 8 or not set(types) <= MMQ_TYPES:  # (MXFP4: no tensor-core tiles yet)
         return "r8"
-    return "mma"  # (every type but Q2_K/Q3_K is one of MMQ_TYPES)
+    return "mma"
 
 
 def block_rows(v: str, lanes: int) -> int:

@@ -42,12 +42,15 @@ class _Kernels(Mapping):
 
 KERNELS: Mapping[str, tuple[str, str]] = _Kernels()
 
+EXPERT_TYPES = ("MXFP4",)  # types moe.hip's expert products read and no other kernel does
+
 # Type ids of the matrix descriptors (contract.h's T_* defines).
-TYPE_IDS = {name: constants()[f"T_{name}"] for name in TYPE_SUFFIX}
+TYPE_IDS = {name: constants()[f"T_{name}"] for name in (*TYPE_SUFFIX, *EXPERT_TYPES)}
 
 # act_round's mode per weight type: how llama.cpp rounds the activations it multiplies by them.
 ROUND_MODE = {"F32": 0, "F16": 3, "BF16": 4, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 1,
-              "Q8_0": 1, "Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2}  # fmt: skip
+              "Q8_0": 1, "Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
+              "MXFP4": 1}  # fmt: skip
 
 
 @dataclass(frozen=True)

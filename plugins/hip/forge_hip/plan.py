@@ -1,8 +1,7 @@
 """The launch plan of one forward pass: which kernels run, in which order, over which buffers.
 
-Per layer and step, the attention part: the Q/K/V product, attention (decode: one launch doing
-Q/K norm + RoPE, the KV store and split attention with its merge; else qk-norm + RoPE + KV store,
-then attention), the output product; then the FFN part (dense: the gate/up product with the
+Per layer and step, the attention part (`forge_hip.attention_part`: the Q/K/V product,
+attention, the output product); then the FFN part (dense: the gate/up product with the
 activation fused, the down product; a mixture of experts: `forge_hip.experts`). Between parts
 one add + norm makes the next part's input; it often runs inside or just before the next
 product's launch (`forge_hip.products.Fused`).
@@ -16,43 +15,24 @@ Product launches (path choice, descriptors, fusion) are `forge_hip.products`'; l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from forge.kernels import KernelTable
-from forge.kv_cache import KvFormat
 from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import WeightArena
-from forge_hip.contract import constants
+from forge_hip.attention_part import AttentionLaunches, Attentions
 from forge_hip.dense_ffn import DenseFFNs
 from forge_hip.executor import Launcher
 from forge_hip.experts import Experts
 from forge_hip.library import (
-    ATT_THREADS,
     BUILTIN_OPS,
     SAMPLE_THREADS,
     KernelLibrary,
     attn_decode_width,
 )
 from forge_hip.products import NORM_THREADS, Fused, Products
-from forge_hip.tuning import Tuning, add_norm_threads, qk_rope_blocks, sample_parts
+from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
 from forge_hip.workspace import PART_ROWS, Workspace
 
-ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
-AP_THREADS = constants()["AP_THREADS"]
-PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
 MASK_BLOCKS = 8  # mask_logits blocks per row (a 262144-token row: 8192 words)
-
-
-@dataclass(frozen=True)
-class AttentionLaunches:
-    """One layer's attention part: its descriptors and vector weights (0: absent)."""
-
-    norm: int  # attn_norm.weight: the add_norm making its input
-    qkv: int  # first of the Q, K, V descriptors
-    wo: int  # the output product's descriptor
-    q_norm: int
-    k_norm: int
-    post_norm: int
 
 
 class Plan:
@@ -77,8 +57,9 @@ class Plan:
         experts = isinstance(spec.ffn, ExpertFFN)
         self.ffns = Experts(spec, p, lib, ws) if experts else DenseFFNs(spec, p, ws)
         self.attention, self.ffn = [], []
+        self.attentions = Attentions(spec, p, lib, ws, self.op, warp)
         for i in range(spec.n_layer):
-            self.attention.append(self._attention_part(f"blk.{i}."))
+            self.attention.append(self.attentions.part(i))
             self.ffn.append(self.ffns.part(f"blk.{i}."))
         out = "token_embd.weight" if spec.tied_output else "output.weight"
         self.out_h = p.add([(out, ws.h, self._head_out(), 0)])
@@ -108,16 +89,6 @@ class Plan:
 
     def _logits_done(self, rows: int) -> None:
         """After the output product: ws.logits holds `rows` rows (a rank gathers them here)."""
-
-    def _attention_part(self, p: str) -> AttentionLaunches:
-        ws, v = self.ws, self.arena.address
-        qkv = self.products.add([(p + f"attn_{x}.weight", ws.h, y, v(p + f"attn_{x}.bias"))
-                                 for x, y in (("q", ws.q), ("k", ws.k), ("v", ws.v))])  # fmt: skip
-        wo = self.products.add([(p + "attn_output.weight", ws.attn, ws.o, 0)])
-        ffn_norm = getattr(self.spec.ffn, "norm", "ffn_norm")  # (gpt-oss: post_attention_norm)
-        post = v(p + "post_attention_norm.weight") if ffn_norm != "post_attention_norm" else 0
-        return AttentionLaunches(v(p + "attn_norm.weight"), qkv, wo, v(p + "attn_q_norm.weight"),
-                                 v(p + "attn_k_norm.weight"), post)  # fmt: skip
 
     # -- the pass ---------------------------------------------------------------------------------
     def layers_pass(self, rows: int, splits: int, meta, kv, decode: bool = False) -> None:
@@ -167,55 +138,9 @@ class Plan:
 
     def _attention(self, i: int, a: AttentionLaunches, rows: int, splits: int, meta, kv,
                    decode: bool, norm: Fused | None) -> None:  # fmt: skip
-        """Layer i's attention part: ws.h (or the fused add_norm's) -> Q/K/V -> ws.attn -> ws.o."""
-        s, ws, op, L = self.spec, self.ws, self.op, self.launch
-        ls = s.layers[i]
-        kc, vc = kv.layer(i)
-        self.products.matmul(a.qkv, 3, rows, norm)
-        rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, s.rms_eps]
-        att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, kv.format_id]
-        if decode:
-            L(op["attn_decode"], (s.n_head, rows, splits), (ATT_THREADS,),
-              [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, meta.bt, meta.btoff,
-               kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim,
-               s.head_dim_v, *rope, *att])  # fmt: skip
-        else:
-            qk = qk_rope_blocks(s.n_head, s.n_head_kv, ROPE_THREADS, self.warp)
-            L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
-              [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, kc, vc, s.n_head,
-               s.n_head_kv, s.head_dim, s.head_dim_v, *rope, kv.format_id])  # fmt: skip
-            if rows <= self.tune.att_rows_max or not self._prefill_attention(rows, meta, kv, i):
-                L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
-                  [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
-                   ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v,
-                   *att])  # fmt: skip
-        self.products.matmul(a.wo, 1, rows)
-
-    def _prefill_attention(self, rows: int, meta, kv, i: int) -> bool:
-        """Attention of `rows` prefill rows of layer i (after qk_rope_store) into ws.attn by
-        attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
-        K/V tile, flash-attention style. With a float16 cache and rounded prefill products
-        (the layer's Q/K/V weights not F32), tensor cores on NVIDIA (Q and the probabilities
-        rounded to float16, as llama.cpp's f16 K/V products round them); else float32 math
-        (llama-f32 with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound). False,
-        launching nothing, when the head sizes do not fit it (D over 256; tensor-core rows not a
-        multiple of 8 values)."""
-        s, ws, pr = self.spec, self.ws, self.products
-        d, dv = s.head_dim, s.head_dim_v
-        dp = next((p for p in PREFILL_WIDTHS if d <= p), None)  # the kernel's padded D
-        qkv = self.attention[i].qkv
-        rounded = pr.round_prefill and all(p.type != "F32" for p, _ in pr.mats[qkv : qkv + 3])
-        mode = (1 if rounded else 2) if kv.format is KvFormat.F16 else 0  # the kernel's kv_mode
-        if dp is None or (mode == 1 and (d % 8 or dv % 8)):
-            return False
-        dvc = min(dp, 128)  # AP_DVC: output columns per block
-        kc, vc = kv.layer(i)
-        grid = (-(-rows * (s.n_head // s.n_head_kv) // 64), s.n_head_kv, -(-dv // dvc))
-        self.launch(self.lib.get(f"attn_prefill_{dp}"), grid, (AP_THREADS,),
-                    [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.attn, rows, s.n_head,
-                     s.n_head_kv, d, dv, kv.block_size, s.attn_scale,
-                     s.layers[i].sliding_window or 0, mode])  # fmt: skip
-        return True
+        """Layer i's attention part (`forge_hip.attention_part`; a tensor-parallel plan adds its
+        all-reduce after it)."""
+        self.attentions.run(i, a, rows, splits, meta, kv, decode, norm)
 
     def _add_norm(self, rows: int, x: int, o: int, w_post: int, w_next: int) -> None:
         """layer.hip's add_norm over `rows` rows: x += post(o) (when o), ws.h = norm(x) * w_next."""

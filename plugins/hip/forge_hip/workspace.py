@@ -49,6 +49,7 @@ def buffer_sizes(spec: ModelSpec, n_desc: int, tune: Tuning = DEFAULT) -> dict[s
         "part_o": 4 * part_rows * s.n_head * s.head_dim_v,
         "part_ml": 8 * part_rows * s.n_head,
         "att_cnt": 4 * r * s.n_head,  # attention's split counters (zero between launches)
+        "rope_freqs": 4 * s.n_layer * (s.rope_dim // 2),  # forge_hip.attention_part's tables
         "hg": 4 * o * s.n_embd,
         "logits": 4 * o * s.n_vocab,
         "am": 4 * o,

@@ -1,0 +1,148 @@
+"""The attention part of the hip plan, per layer and step: the Q/K/V product, attention, the
+output product (its bias when the model has one).
+
+Decode steps run one fused launch (attention.hip's attn_decode: Q/K norm and RoPE, the KV
+store, split attention and its merge); other passes run qk_rope_store, then attn_prefill.hip (many
+rows) or attn_rows. RoPE reads a per-layer frequency table for YaRN and Llama 3.1 scaling
+(`forge.models.rope`'s frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n)
+formula otherwise; gpt-oss's attention sinks join the softmax in every attention kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from forge.kv_cache import KvFormat
+from forge.models.rope import FREQS_TENSOR, rope_frequencies
+from forge.models.spec import ModelSpec
+from forge_hip.contract import constants
+from forge_hip.library import KernelLibrary
+from forge_hip.products import Fused, Products
+from forge_hip.tuning import qk_rope_blocks
+from forge_hip.workspace import Workspace
+
+ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
+ATT_THREADS = constants()["ATT_THREADS"]
+AP_THREADS = constants()["AP_THREADS"]
+PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
+TABLE_KINDS = ("yarn", "llama3")  # RoPE scalings the kernels read as a frequency table
+
+
+@dataclass(frozen=True)
+class AttentionLaunches:
+    """One layer's attention part: its descriptors and vector weights (0: absent)."""
+
+    norm: int  # attn_norm.weight: the add_norm making its input
+    qkv: int  # first of the Q, K, V descriptors
+    wo: int  # the output product's descriptor
+    q_norm: int
+    k_norm: int
+    post_norm: int
+    sinks: int = 0  # attn_sinks.weight
+    rope_freqs: int = 0  # the layer's RoPE frequencies (0: base^(-2i / rope_dim))
+    mscale: float = 1.0  # RoPE's cos/sin magnitude (YaRN)
+
+
+def rope_table(spec: ModelSpec, layer: int, factors: np.ndarray | None) -> np.ndarray | None:
+    """float32 [rope_dim / 2] per-pair frequencies of a layer whose RoPE scaling the kernels
+    read as a table (None: the kernels' own formula, also for linear scaling)."""
+    ls = spec.layers[layer]
+    if ls.rope.kind not in TABLE_KINDS:
+        return None
+    f = rope_frequencies(spec.rope_dim, ls.rope_base, ls.rope, factors)
+    return f.astype(np.float32)
+
+
+class Attentions:
+    """Descriptors and launches of the attention parts of one model."""
+
+    def __init__(self, spec: ModelSpec, products: Products, lib: KernelLibrary, ws: Workspace,
+                 op: dict, warp: int):  # fmt: skip
+        self.spec, self.products, self.lib, self.ws, self.op = spec, products, lib, ws, op
+        self.warp = warp
+        self._tables = self._upload_tables()
+
+    def _upload_tables(self) -> dict[int, int]:
+        """Layer -> device address of its frequency table (layers with one)."""
+        s, arena, rt = self.spec, self.products.arena, self.lib.runtime
+        factors = None
+        if any(layer.rope.kind == "llama3" for layer in s.layers):
+            placed = arena.placed[FREQS_TENSOR]
+            factors = np.empty(placed.k, np.float32)
+            rt.copy_to_host(factors, placed.ptr)
+        at, width = {}, 4 * (s.rope_dim // 2)
+        for i in range(s.n_layer):
+            table = rope_table(s, i, factors)
+            if table is not None:
+                at[i] = self.ws.rope_freqs + i * width
+                rt.copy_to_device(at[i], table)
+        return at
+
+    def part(self, i: int) -> AttentionLaunches:
+        """Descriptors and weights of layer i's attention."""
+        ws, v, p = self.ws, self.products.arena.address, f"blk.{i}."
+        qkv = self.products.add([(p + f"attn_{x}.weight", ws.h, y, v(p + f"attn_{x}.bias"))
+                                 for x, y in (("q", ws.q), ("k", ws.k), ("v", ws.v))])  # fmt: skip
+        wo = self.products.add([(p + "attn_output.weight", ws.attn, ws.o,
+                                 v(p + "attn_output.bias"))])  # fmt: skip
+        ffn_norm = getattr(self.spec.ffn, "norm", "ffn_norm")  # (gpt-oss: post_attention_norm)
+        post = v(p + "post_attention_norm.weight") if ffn_norm != "post_attention_norm" else 0
+        rope = self.spec.layers[i].rope
+        return AttentionLaunches(v(p + "attn_norm.weight"), qkv, wo, v(p + "attn_q_norm.weight"),
+                                 v(p + "attn_k_norm.weight"), post, v(p + "attn_sinks.weight"),
+                                 self._tables.get(i, 0), rope.mscale)  # fmt: skip
+
+    def run(self, i: int, a: AttentionLaunches, rows: int, splits: int, meta, kv,
+            decode: bool, norm: Fused | None) -> None:  # fmt: skip
+        """Layer i's attention: ws.h (or the fused add_norm's) -> Q/K/V -> ws.attn -> ws.o."""
+        s, ws, op, L = self.spec, self.ws, self.op, self.products.launch
+        ls = s.layers[i]
+        kc, vc = kv.layer(i)
+        self.products.matmul(a.qkv, 3, rows, norm)
+        rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, a.rope_freqs,
+                a.mscale, s.rms_eps]  # fmt: skip
+        att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, kv.format_id]
+        if decode:
+            L(op["attn_decode"], (s.n_head, rows, splits), (ATT_THREADS,),
+              [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, meta.bt, meta.btoff,
+               kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim,
+               s.head_dim_v, *rope, *att, a.sinks])  # fmt: skip
+        else:
+            qk = qk_rope_blocks(s.n_head, s.n_head_kv, ROPE_THREADS, self.warp)
+            L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
+              [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, kc, vc, s.n_head,
+               s.n_head_kv, s.head_dim, s.head_dim_v, *rope, kv.format_id])  # fmt: skip
+            if rows <= self.products.tune.att_rows_max or not self.prefill(i, a, rows, meta, kv):
+                L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
+                  [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
+                   ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v, *att,
+                   a.sinks])  # fmt: skip
+        self.products.matmul(a.wo, 1, rows)
+
+    def prefill(self, i: int, a: AttentionLaunches, rows: int, meta, kv) -> bool:
+        """Attention of `rows` prefill rows of layer i (after qk_rope_store) into ws.attn by
+        attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
+        K/V tile, flash-attention style. With a float16 cache and rounded prefill products
+        (the layer's Q/K/V weights not F32), tensor cores on NVIDIA (Q and the probabilities
+        rounded to float16, as llama.cpp's f16 K/V products round them); else float32 math
+        (llama-f32 with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound). False,
+        launching nothing, when the head sizes do not fit it (D over 256; tensor-core rows not a
+        multiple of 8 values)."""
+        s, ws, pr = self.spec, self.ws, self.products
+        d, dv = s.head_dim, s.head_dim_v
+        dp = next((p for p in PREFILL_WIDTHS if d <= p), None)  # the kernel's padded D
+        mats = pr.mats[a.qkv : a.qkv + 3]
+        rounded = pr.round_prefill and all(p.type != "F32" for p, _ in mats)
+        mode = (1 if rounded else 2) if kv.format is KvFormat.F16 else 0  # the kernel's kv_mode
+        if dp is None or (mode == 1 and (d % 8 or dv % 8)):
+            return False
+        dvc = min(dp, 128)  # AP_DVC: output columns per block
+        kc, vc = kv.layer(i)
+        grid = (-(-rows * (s.n_head // s.n_head_kv) // 64), s.n_head_kv, -(-dv // dvc))
+        pr.launch(self.lib.get(f"attn_prefill_{dp}"), grid, (AP_THREADS,),
+                  [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.attn, rows, s.n_head,
+                   s.n_head_kv, d, dv, kv.block_size, s.attn_scale,
+                   s.layers[i].sliding_window or 0, mode, a.sinks])  # fmt: skip
+        return True

@@ -1,0 +1,100 @@
+"""forge_hip.attention_part without a GPU (a recording fake runtime): what gpt-oss's attention
+hands the kernels (its sinks, YaRN's frequency table and magnitude, the output bias) in decode,
+prefill and mixed passes, and that models without them hand over nothing new. The arithmetic runs
+on the device (tests/gpu/test_attention.py, test_attn_prefill.py, test_golden_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forge.backend import SeqBatch
+from forge.gguf import open_gguf
+from forge.models import build_spec
+from forge.models.rope import rope_frequencies
+from forge.plugins import get_plugin_manager
+from tests.support.fake_runtime import FakeRuntime
+
+
+class UploadingRuntime(FakeRuntime):
+    """FakeRuntime that keeps what is copied to the device, by address."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies: dict[int, np.ndarray] = {}
+
+    def copy_to_device(self, dst, src, stream=None):
+        super().copy_to_device(dst, src, stream)
+        self.copies[int(getattr(dst, "ptr", dst))] = np.array(src, copy=True)
+
+
+def _runner(golden_dir, name, rt):
+    from forge_hip.runner import HipRunner
+
+    gguf = open_gguf(str(golden_dir / "models" / name))
+    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt)
+    runner.allocate_kv(64, 16)
+    return runner
+
+
+def _args(rt, prefix: str) -> list[list[int]]:
+    return [a for n, a in rt.launch_args if n.startswith(prefix)]
+
+
+def test_gpt_oss_yarn_tables_are_the_models_frequencies(golden_dir):
+    rt = UploadingRuntime()
+    runner = _runner(golden_dir, "gpt-oss-q8_0.gguf", rt)
+    s, at = runner.spec, runner.ws.rope_freqs
+    for i, a in enumerate(runner.plan.attention):
+        layer = s.layers[i]
+        assert a.rope_freqs == at + 4 * i * (s.rope_dim // 2)
+        want = rope_frequencies(s.rope_dim, layer.rope_base, layer.rope).astype(np.float32)
+        np.testing.assert_array_equal(rt.copies[a.rope_freqs], want)
+        assert a.mscale == layer.rope.mscale != 1.0
+    # YaRN moves the low frequencies: the table is not the plain base^(-2i/d)
+    plain = s.layers[0].rope_base ** (-2.0 * np.arange(s.rope_dim // 2) / s.rope_dim)
+    assert not np.allclose(rt.copies[runner.plan.attention[0].rope_freqs], plain)
+
+
+@pytest.mark.parametrize("rows", [1, 9, 300])
+def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows):
+    """One-row decode (attn_decode), a short prompt (qk_rope_store + attn_rows) and a long one
+    (attn_prefill) all receive the layer's sinks; RoPE gets the table and YaRN's magnitude."""
+    from forge_hip.products import DESC
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "gpt-oss-q8_0.gguf", rt)
+    address = runner.arena.address
+    plan = runner.plan
+    if rows == 1:
+        runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.arange(1), "last")])
+        rt.launch_args.clear()
+        runner.forward([SeqBatch(np.array([5], np.int32), 3, np.arange(1), "last")])
+        rt.launches.clear()
+        decode = _args(rt, "attn_decode")
+        assert len(decode) == runner.spec.n_layer
+        for i, args in enumerate(decode):
+            a = plan.attention[i]
+            assert args[-1] == address(f"blk.{i}.attn_sinks.weight") != 0
+            assert args[22] == a.rope_freqs != 0  # (the argument after freq_scale)
+    else:
+        runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32) % 400, 0,
+                                 np.arange(-(-rows // 16)), "last")])  # fmt: skip
+        attn = _args(rt, "attn_rows" if rows <= 128 else "attn_prefill")
+        assert [a[-1] for a in attn] == [address(f"blk.{i}.attn_sinks.weight")
+                                         for i in range(runner.spec.n_layer)]  # fmt: skip
+        rope = _args(rt, "qk_rope_store")
+        assert [a[17] for a in rope] == [a.rope_freqs for a in plan.attention]
+    for i, a in enumerate(plan.attention):
+        bias = plan.products.descs[a.wo][DESC["BIAS"]]
+        assert bias == address(f"blk.{i}.attn_output.bias") != 0
+
+
+def test_models_without_sinks_or_scaled_rope_hand_over_nothing_new(golden_dir):
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
+    runner.forward([SeqBatch(np.arange(1, 10, dtype=np.int32), 0, np.arange(1), "last")])
+    for a in runner.plan.attention:
+        assert (a.sinks, a.rope_freqs, a.mscale) == (0, 0, 1.0)
+    assert all(a[-1] == 0 for a in _args(rt, "attn_rows"))
+    assert all(a[17:19] == [0, 1] for a in _args(rt, "qk_rope_store"))
