@@ -111,6 +111,7 @@ FORGE_DEV void mmq_col_scales(const float* own, float (*out)[2]) {
 // Q8_0 (quants.h's deq32_q8_0 layout): elements 8t..8t+7 are quants 8t..8t+7 (a: 8t..8t+3, b: the
 // rest). Q4_0 Q4_1 Q5_0 Q5_1: quant byte 4t + i holds element 4t + i (low nibble) and 16 + 4t + i
 // (high); a: those 4 bytes, b: Q5's 32 fifth bits (element e: bit e). dm: f16 d, and m above it.
+// MXFP4 (quants.h's deq32_mxfp4 layout): code bytes as Q4_0's quants; dm: the E8M0 exponent.
 struct MmqRaw32 {
     u32 a[2], b[2], dm[2];
 };
@@ -122,6 +123,7 @@ template <int T> struct Mmq32 {
         qs = T == T_Q4_0 ? 2 : T == T_Q4_1 ? 4 : T == T_Q5_0 ? 6 : 8,  // quants' offset
         mins = T == T_Q4_1 || T == T_Q5_1,
         q5 = T == T_Q5_0 || T == T_Q5_1,
+        mxfp4 = T == T_MXFP4,
     };
 };
 
@@ -136,6 +138,10 @@ template <int T, bool AL> FORGE_DEV MmqRaw32 mmq_raw32(const MmqRows& p, int s) 
             const V2 v = AL ? *(const V2*)q : ld8_a2(q);
             r.a[j] = v.x, r.b[j] = v.y;
             r.dm[j] = ld2(p.r[j] - 2 * ((i64)s + 1));
+        } else if (Mmq32<T>::mxfp4) {
+            r.a[j] = *(const u32*)(p.r[j] + 16 * (i64)s + 4 * t);
+            r.b[j] = 0u;
+            r.dm[j] = p.r[j][-((i64)s + 1)];
         } else {
             const u8* blk = p.r[j] + (i64)s * Mmq32<T>::bytes;
             r.a[j] = ld4_a2(blk + Mmq32<T>::qs + 4 * t);
@@ -154,6 +160,8 @@ template <int T> FORGE_DEV MmqW mmq_expand32(const MmqRaw32& r) {
     for (int j = 0; j < 2; ++j) {
         if (T == T_Q8_0) {
             w.lo[j] = r.a[j], w.hi[j] = r.b[j];
+        } else if (Mmq32<T>::mxfp4) {
+            e2m1_word(r.a[j], w.lo[j], w.hi[j]);
         } else {
             u32 lo = r.a[j] & M4, hi = (r.a[j] >> 4) & M4;
             if (Mmq32<T>::q5) {
@@ -164,7 +172,7 @@ template <int T> FORGE_DEV MmqW mmq_expand32(const MmqRaw32& r) {
             if (T == T_Q5_0) lo = bsub(lo, 0x10101010u), hi = bsub(hi, 0x10101010u);
             w.lo[j] = lo, w.hi[j] = hi;
         }
-        d[j] = h2f((u16)(r.dm[j] & 0xffff));
+        d[j] = Mmq32<T>::mxfp4 ? e8m0_half(r.dm[j]) : h2f((u16)(r.dm[j] & 0xffff));
         m[j] = h2f((u16)(r.dm[j] >> 16));
     }
     mmq_col_scales(d, w.wd);
@@ -359,6 +367,7 @@ FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, co
         case T_Q4_1: mmq_loop32<MT, T_Q4_1>(p, K / 32, kw, ks, x1, xo, acc); break;
         case T_Q5_0: mmq_loop32<MT, T_Q5_0>(p, K / 32, kw, ks, x1, xo, acc); break;
         case T_Q5_1: mmq_loop32<MT, T_Q5_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+        case T_MXFP4: mmq_loop32<MT, T_MXFP4>(p, K / 32, kw, ks, x1, xo, acc); break;
         case T_Q8_0:
             if (((u64)m.W | (u64)m.row_bytes) % 8 == 0) {
                 mmq_loop32<MT, T_Q8_0, true>(p, K / 32, kw, ks, x1, xo, acc);

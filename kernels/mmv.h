@@ -251,39 +251,38 @@ FORGE_DEV void add_q5_1(const Ld32& w, int u, const XQ& x, int R, float* acc) {
                    ((w.q.y >> 4) & M4) | bit4_to_bytes(hh >> 4), w.d, w.m, R, acc);
 }
 
-// MXFP4 (quants.h's deq32_mxfp4 layout): unit u = codes 8 (u & 1) .. + 7 of block u / 2, the
-// Q4_0 element order; rows of any length, so the codes load at any byte alignment.
+// MXFP4 (quants.h's deq32_mxfp4 layout, codes 16-byte aligned): unit u = codes 8 (u & 1) .. + 7
+// of block u / 2, the Q4_0 element order.
 
-// 8 bytes at any address, from the aligned 8-byte words holding them.
-FORGE_DEV V2 ld8_a1(const u8* p) {
-    const u64 a = (u64)p;
-    const u64* w = (const u64*)(a & ~(u64)7);
-    const u32 s = (u32)(a & 7) * 8;
-    const u64 v = s ? (w[0] >> s) | (w[1] << (64 - s)) : w[0];
-    V2 r;
-    r.x = (u32)v;
-    r.y = (u32)(v >> 32);
-    return r;
-}
-
-// Four E2M1 codes (the low nibble of each byte of c) as the int8 bytes of e2m1_twice.
-FORGE_DEV u32 e2m1_bytes(u32 c) {
+// The 8 E2M1 codes of a word of MXFP4 code bytes (byte j: element j in its low nibble, element
+// 16 + j in its high one) as e2m1_twice's int8 values: lo = elements 0..3, hi = 16..19. On NVIDIA
+// byte permutes look the codes up: per 16 bits, the magnitudes from a positive and a negative
+// table, then per byte the one the code's sign picks, then the bytes sorted by element.
+FORGE_DEV void e2m1_word(u32 q, u32& lo, u32& hi) {
 #if defined(FORGE_NV)
-    const u32 mag = c & 0x07070707u, two = mag | (mag >> 4);  // the codes as selector nibbles
-    const u32 sel = (two & 0xffu) | ((two >> 8) & 0xff00u);
-    const u32 v = __byte_perm(0x03020100u, 0x0c080604u, sel);  // magnitudes 0 1 2 3 4 6 8 12
-    const u32 neg = ((c >> 3) & 0x01010101u) * 0xffu;
-    return (__vsub4(0u, v) & neg) | (v & ~neg);
+    u32 v[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 c = q >> (16 * h), sel = c & 0x7777u;  // 4 codes' magnitude indices
+        const u32 pos = __byte_perm(0x03020100u, 0x0c080604u, sel);
+        const u32 neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, sel);
+        v[h] = __byte_perm(pos, neg, 0x3210u | ((c & 0x8888u) >> 1));
+    }
+    lo = __byte_perm(v[0], v[1], 0x6420u);
+    hi = __byte_perm(v[0], v[1], 0x7531u);
 #else
-    u32 r = 0u;
-    for (int b = 0; b < 4; ++b) r |= (u32)(e2m1_twice((c >> (8 * b)) & 0xfu) & 255) << (8 * b);
-    return r;
+    lo = hi = 0u;
+    for (int b = 0; b < 4; ++b) {
+        const u32 c = q >> (8 * b);
+        lo |= (u32)(e2m1_twice(c & 0xfu) & 255) << (8 * b);
+        hi |= (u32)(e2m1_twice((c >> 4) & 0xfu) & 255) << (8 * b);
+    }
 #endif
 }
 
 FORGE_DEV Ld32 ld_mxfp4(const u8* row, int u) {
     Ld32 w;
-    w.q = ld8_a1(row + 16 * (i64)(u >> 1) + 8 * (u & 1));
+    w.q = *(const V2*)(row + 16 * (i64)(u >> 1) + 8 * (u & 1));
     w.qh = 0u;
     w.d = e8m0_half(row[-((i64)(u >> 1) + 1)]);
     w.m = 0.0f;
@@ -291,9 +290,10 @@ FORGE_DEV Ld32 ld_mxfp4(const u8* row, int u) {
 }
 template <int RM>
 FORGE_DEV void add_mxfp4(const Ld32& w, int u, const XQ& x, int R, float* acc) {
-    unit32_add<RM>(x, u >> 1, u & 1, e2m1_bytes(w.q.x & M4), e2m1_bytes(w.q.y & M4),
-                   e2m1_bytes((w.q.x >> 4) & M4), e2m1_bytes((w.q.y >> 4) & M4), w.d, 0.0f, R,
-                   acc);
+    u32 w0, w1, w2, w3;
+    e2m1_word(w.q.x, w0, w2);
+    e2m1_word(w.q.y, w1, w3);
+    unit32_add<RM>(x, u >> 1, u & 1, w0, w1, w2, w3, w.d, 0.0f, R, acc);
 }
 
 // Q8_0 (quants.h's deq32_q8_0 layout): unit u = quants 16u .. 16u+15 (half of block u/2), loaded

@@ -87,7 +87,8 @@ FORGE_DEV void deq32_q8_0(const u8* row, int c, float* v) {
 // elements 0..15, high nibbles 16..31) as the GPU arena stores it (forge_hip.arena.mxfp4_rows):
 // a row pointer addresses the row's codes (block c's at row + 16 c), the exponents sit just
 // before it in reverse order (block c's at row - (c + 1)). Values are GGML's kvalues_mxfp4
-// (twice the E2M1 value) times e8m0_half(e) = 2^(e - 128).
+// (twice the E2M1 value) times e8m0_half(e) = 2^(e - 128). Zero bytes pad the exponents in front
+// to a multiple of 16 bytes, so rows and codes stay 16-byte aligned.
 FORGE_DEV float e8m0_half(u32 e) { return bits_to_float(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
 
 FORGE_DEV int e2m1_twice(u32 code) {  // 0 1 2 3 4 6 8 12, negated when bit 3 is set

@@ -63,7 +63,7 @@ PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take
     "qwen3moe-q4_k_m.gguf": {"r1", "r8", "mma"},
     "qwen3moe-q8_0.gguf": {"r1", "r8", "mma"},
     "gpt-oss-q8_0.gguf": {"r1", "mma"},  # 8 experts, 4 a token: 12 pairs each at 24 tokens
-    "gpt-oss-mxfp4.gguf": {"r1", "r8"},  # MXFP4: no tensor-core tiles
+    "gpt-oss-mxfp4.gguf": {"r1", "mma"},
 }
 
 

@@ -97,18 +97,19 @@ def test_expert_weights_the_kernels_do_not_decode_are_refused_by_name(golden_dir
         check_spec(build_spec(gguf), as_f16)
 
 
-@pytest.mark.parametrize("rows,variant", [(1, "r1"), (24, "r8"), (300, "r8")])
-def test_mxfp4_experts_take_the_dot_product_tiles_at_every_row_count(golden_dir, rows, variant):
-    """No tensor-core tiles for MXFP4: passes that would take them keep tiles of 8 pairs."""
+@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r8"), (300, "mma")])
+def test_mxfp4_experts_take_the_variant_for_their_rows(golden_dir, rows, variant):
+    """MXFP4 experts (gpt-oss: 8 experts, 4 a token) take every variant, tensor-core tiles
+    included."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt, "gpt-oss-mxfp4.gguf")
     runner.allocate_kv(64, 16)
     rt.launches.clear()
     tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
     runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
-    names = {n for n, _ in _moe_launches(rt)}
-    assert {f"moe_glu_{variant}", f"moe_down_{variant}"} <= names
-    assert not {n for n in names if n.endswith("_mma")}
+    names = [n for n, _ in _moe_launches(rt)]
+    assert names.count(f"moe_glu_{variant}") == names.count(f"moe_down_{variant}") == 4
+    assert len({n for n in names if n.startswith("moe_glu")}) == 1
 
 
 def test_too_many_experts_per_token_are_refused(golden_dir):
@@ -119,3 +120,24 @@ def test_too_many_experts_per_token_are_refused(golden_dir):
         update={"n_expert": 64, "n_expert_used": 32})})  # fmt: skip
     with pytest.raises(UnsupportedModelError, match=r"up to 16 experts per token, not 32"):
         check_spec(many)
+
+
+def test_mxfp4_expert_rows_are_placed_16_byte_aligned(golden_dir):
+    """The arena pads each MXFP4 row's exponents so its codes load as aligned words, and makes
+    room for the padding (the arena's layout counts the device rows, not the file's)."""
+    from forge_hip.arena import layout, mxfp4_row_bytes
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt, "gpt-oss-mxfp4.gguf")
+    gguf = open_gguf(str(golden_dir / "models" / "gpt-oss-mxfp4.gguf"))
+    placed = {n: p for n, p in runner.arena.placed.items() if p.type == "MXFP4"}
+    assert len(placed) == 3 * runner.spec.n_layer
+    starts = sorted(off for off, _ in layout(runner.spec, gguf)[0].values())
+    base = runner.arena.buffer.ptr
+    for p in placed.values():  # the padded rows end before the next tensor starts
+        start = p.ptr - base - (p.row_bytes - 16 * (p.k // 32))
+        after = next(o for o in starts if o > start)
+        assert start + p.nbytes <= after
+    for p in placed.values():
+        assert p.ptr % 16 == 0 and p.row_bytes == mxfp4_row_bytes(p.k) and p.row_bytes % 16 == 0
+        assert p.row_bytes > 17 * p.k // 32  # (128 or 256 elements: 4 or 8 exponents, padded)

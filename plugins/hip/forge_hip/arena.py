@@ -76,11 +76,32 @@ def mxfp4_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
     """MXFP4 rows [n, 17 * blocks] as the kernels read them on the device, and the offset of
     the first row's pointer into them: each block's E8M0 exponent moves before the row, in
     reverse block order, and its 16 bytes of codes follow the pointer (kernels/quants.h
-    deq32_mxfp4). Same bytes per row."""
-    return _aux_before_quants(raw, 17, slice(0, 1), slice(1, None))
+    deq32_mxfp4). The exponents are padded to 16 bytes in front, so that every row's codes
+    load as aligned 16-byte words: rows grow by under 16 bytes (mxfp4_row_bytes)."""
+    n, row_bytes = raw.shape
+    blocks = row_bytes // 17
+    head = mxfp4_row_bytes(32 * blocks) - 16 * blocks
+    b = raw.reshape(n, blocks, 17)
+    out = np.zeros((n, head + 16 * blocks), np.uint8)
+    out[:, head - blocks : head] = b[:, ::-1, 0]
+    out[:, head:] = b[:, :, 1:].reshape(n, -1)
+    return out, head
+
+
+def mxfp4_row_bytes(k: int) -> int:
+    """Bytes of an MXFP4 row of k elements on the device (mxfp4_rows)."""
+    blocks = k // 32
+    return -(-blocks // 16) * 16 + 16 * blocks
 
 
 _DEVICE_ROWS = {"Q8_0": q8_0_rows, "Q6_K": q6_k_rows, "MXFP4": mxfp4_rows}
+
+
+def device_nbytes(type_name: str, shape: tuple[int, ...], nbytes: int) -> int:
+    """Bytes a matrix of GGUF `shape` (row length first) takes on the device."""
+    if type_name != "MXFP4":
+        return nbytes
+    return mxfp4_row_bytes(shape[0]) * (int(np.prod(shape)) // shape[0])
 
 
 def device_rows(type_name: str, raw: np.ndarray) -> tuple[np.ndarray, int]:
@@ -114,7 +135,8 @@ def layout(spec: ModelSpec, gguf: GGUFFile) -> tuple[dict[str, tuple[int, bool]]
         info = gguf.tensors[name]
         vector = weight.kind == "vector"
         offsets[name] = at, vector
-        at += align(info.n_elements * 4 if vector else info.nbytes)
+        size = device_nbytes(info.type, tuple(info.shape), info.nbytes)
+        at += align(info.n_elements * 4 if vector else size)
     return offsets, at
 
 

@@ -13,8 +13,8 @@
 
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
-a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types; MXFP4
-experts keep tiles of 8); "gen" when an expert matrix is Q2_K or Q3_K.
+a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types); "gen"
+when an expert matrix is Q2_K or Q3_K.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
     per_expert = pairs / n_expert
     if per_expert <= 2:
         return "r1"
-    if per_expert <= 8 or not set(types) <= MMQ_TYPES:  # (MXFP4: no tensor-core tiles yet)
+    if per_expert <= 8 or not set(types) <= MMQ_TYPES:
         return "r8"
     return "mma"
 

@@ -33,7 +33,7 @@ MVQ_SMEM = {rm: _C["MVQ_SMEM_R1" if rm == 1 else "MVQ_SMEM_RN"] for rm in (1, 2,
 
 MVQ_GEN = {"Q2_K", "Q3_K"}  # types only the mvq_*_gen kernels decode
 MVQ_RM = (1, 2, 4, 8, 16, 32)  # mmv.hip's kernel rows (RM): a product takes the smallest that fits
-MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}  # mmq.hip's types
+MMQ_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"}  # mmq.h's
 MMQ_CHUNK = {"Q4_K": 64, "Q5_K": 64, "Q6_K": 128}  # elements per chunk a warp takes (else 32)
 # Elements per "unit" as mvq_lanes counts them (the lane rules were measured with these counts).
 MVQ_UNIT = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 16, "Q4_1": 16, "Q5_0": 16, "Q5_1": 16,
