@@ -4,7 +4,10 @@ tokens (pp512) and decoding 32 sequences at once; the decode figure against the 
 floor (the dense weights plus the chosen experts' bytes per token over the measured copy
 bandwidth) and the decode step's time per kernel.
 
-  python benchmarks/gpu_moe.py [--spec SPEC.json.gz] [--work DIR] [--out DIR]
+  python benchmarks/gpu_moe.py [--spec SPEC.json.gz] [--work DIR] [--out DIR] [--generic-experts]
+
+--generic-experts: the expert kernels for every weight type instead of the one-type decode
+kernels (forge_hip.experts.kernel), for comparison.
 
 Prints a short table; writes gpu_moe.json under --out.
 """
@@ -63,6 +66,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")))
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--generic-experts", action="store_true")
     args = ap.parse_args()
 
     import forge
@@ -73,6 +77,7 @@ def main() -> int:
     model = forge.load(str(path), backend="hip", n_ctx=8192)
     load_s = time.perf_counter() - t0
     runner, spec = model.runner, model.spec
+    runner.plan.ffns.typed = not args.generic_experts
     bandwidth = copy_bandwidth(runner.rt)
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, spec.n_vocab, size=512).astype(np.int32)
@@ -104,6 +109,7 @@ def main() -> int:
     tok_s = 128 / tg
     result = {
         "model": path.name,
+        "expert_kernels": "generic" if args.generic_experts else "one-type where available",
         "device": runner.rt.props.name,
         "load_s": round(load_s, 1),
         "copy_bandwidth_GBs": round(bandwidth / 1e9, 1),
@@ -125,7 +131,8 @@ def main() -> int:
     runner.close()
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gpu_moe.json").write_text(json.dumps(result, indent=1))
+        name = "gpu_moe_generic.json" if args.generic_experts else "gpu_moe.json"
+        (Path(args.out) / name).write_text(json.dumps(result, indent=1))
     print(f"| model | tg128 | floor | pp512 | {b} seqs |\n|---|---|---|---|---|")
     print(f"| {path.name} | {tok_s:.1f} tok/s | {bandwidth / active:.0f} tok/s "
           f"({100 * tok_s * active / bandwidth:.0f}%) | {512 / pp:.0f} tok/s | "

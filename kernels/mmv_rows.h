@@ -168,13 +168,14 @@ FORGE_DEV void row_dot_f(int t, const u8* row, const float* x, int K, int lane, 
     }
 
 // AL: one-row products take the aligned Q6_K loader where rows allow (the gated kernels pass
-// false: that path made ptxas spill in mvq_glu_r1's paired loop).
-template <int RM, bool GEN, bool AL = false>
+// false: that path made ptxas spill in mvq_glu_r1's paired loop). TT >= 0: the rows are of type
+// TT, known when compiling (only its unit's registers; -1: any type, read from m).
+template <int RM, bool GEN, bool AL = false, int TT = -1>
 FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, const XQ& x2, int R,
                        float* acc) {
     const u8* row = m.W + (i64)n * m.row_bytes;
     const int K = m.K;
-    switch (m.type) {
+    switch (TT >= 0 ? TT : m.type) {
         case T_Q4_0: MVQ_ROW(q4_0, K / 16, x1)
         case T_Q4_1: MVQ_ROW(q4_1, K / 16, x1)
         case T_Q5_0: MVQ_ROW(q5_0, K / 16, x1)

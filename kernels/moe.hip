@@ -159,7 +159,7 @@ FORGE_DEV float moe_act(float g, float u, int act, float alpha, float limit) {
     return mvq_act(g, act) * u;
 }
 
-template <int RM, bool GEN>
+template <int RM, bool GEN, int TT = -1>
 FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles, const u8* xg,
                         int P, int K, int need, int G, int act, float alpha, float limit) {
     const int* tl = tiles + 3 * blockIdx.y;
@@ -183,8 +183,8 @@ FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles,
 #pragma unroll
         for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
         if (n < m.N) {
-            row_dot<RM, GEN>(m, n, lane, G, c1, c2, rc, acc);
-            if (glu) row_dot<RM, GEN>(up, n, lane, G, c1, c2, rc, acc2);
+            row_dot<RM, GEN, false, TT>(m, n, lane, G, c1, c2, rc, acc);
+            if (glu) row_dot<RM, GEN, false, TT>(up, n, lane, G, c1, c2, rc, acc2);
         }
         int row0;
         const bool writer = group_sum_rows<RM>(acc, lane, G, &row0);
@@ -206,24 +206,31 @@ FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles,
 }
 
 // Launch: grid (ceil(N / RB), max_tiles) with RB = blockDim.x / G weight rows per block (G lanes
-// a row, a power of two <= 32), block MVQ_THREADS.
-#define MOE_KERNELS(SUFFIX, RM, GEN, MINB)                                                        \
+// a row, a power of two <= 32), block MVQ_THREADS. TT: the expert type (-1: any, from the
+// descriptors); the typed r1 kernels (moe_glu_r1_<type>) hold only that type's unit, so they fit
+// more blocks on a compute unit (MINB) than the kernels for every type.
+#define MOE_KERNELS(SUFFIX, RM, GEN, MINB, TT)                                                    \
     FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                    \
         moe_glu_##SUFFIX(const i64* __restrict__ descs, int first, const int* __restrict__ tiles, \
                          const u8* __restrict__ xg, int P, int K, int need, int G, int act,   \
                          float alpha, float limit) {                                          \
         FORGE_GRID_WAIT();                                                                    \
-        moe_body<RM, GEN>(descs, first, true, tiles, xg, P, K, need, G, act, alpha, limit);   \
+        moe_body<RM, GEN, TT>(descs, first, true, tiles, xg, P, K, need, G, act, alpha, limit); \
     }                                                                                         \
     FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                    \
         moe_down_##SUFFIX(const i64* __restrict__ descs, int first, const int* __restrict__ tiles, \
                           const u8* __restrict__ xg, int P, int K, int need, int G) {         \
         FORGE_GRID_WAIT();                                                                    \
-        moe_body<RM, GEN>(descs, first, false, tiles, xg, P, K, need, G, 0, 0.0f, 0.0f);      \
+        moe_body<RM, GEN, TT>(descs, first, false, tiles, xg, P, K, need, G, 0, 0.0f, 0.0f);  \
     }
-MOE_KERNELS(r1, 1, false, 3)
-MOE_KERNELS(r8, 8, false, 2)
-MOE_KERNELS(gen, 8, true, 2)
+MOE_KERNELS(r1, 1, false, 3, -1)
+MOE_KERNELS(r8, 8, false, 2, -1)
+MOE_KERNELS(gen, 8, true, 2, -1)
+// (MINB: the most blocks these fit without spilling registers, ptxas for sm_90, or a few bytes)
+MOE_KERNELS(r1_mxfp4, 1, false, 6, T_MXFP4)
+MOE_KERNELS(r1_q4_k, 1, false, 4, T_Q4_K)
+MOE_KERNELS(r1_q6_k, 1, false, 4, T_Q6_K)
+MOE_KERNELS(r1_q8_0, 1, false, 4, T_Q8_0)
 
 // Launch: grid R, any block size.
 FORGE_KERNEL void moe_combine(const float* __restrict__ y, const int* __restrict__ pos,

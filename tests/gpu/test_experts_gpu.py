@@ -67,21 +67,24 @@ PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take
 }
 
 
-@pytest.mark.parametrize("forced", [None, "r1", "r8", "gen"])
+@pytest.mark.parametrize("forced", [None, "r1", "r1-any", "r8", "gen"])
 @pytest.mark.parametrize("model_file", list(PLANNED))
 def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_dir, monkeypatch,
                                                 report):  # fmt: skip
     """Logits of prompts of 1, 24 and 300 tokens on hip and cpu_simd, within the golden bound
     of the model's weights: the planned variants (r1, r8, mma for these pass sizes) and each
     dot-product variant forced at every size (tiles of 1 or 8 pairs for 512 pairs of a pass;
-    gen: the decoder of every type, the one Q2_K/Q3_K experts take)."""
+    gen: the decoder of every type, the one Q2_K/Q3_K experts take; r1 takes the one-type
+    kernels where moe.hip has them, r1-any the kernels for every type)."""
     from forge_hip import experts
 
     monkeypatch.setenv("FORGE_HIP_KV", "f32")
+    v = forced and forced.split("-")[0]
     if forced is not None:
-        monkeypatch.setattr(experts, "variant", lambda *a: forced)
+        monkeypatch.setattr(experts, "variant", lambda *a: v)
     path = str(golden_dir / "models" / model_file)
     gpu = forge.load(path, backend="hip", n_ctx=512)
+    gpu.runner.plan.ffns.typed = forced != "r1-any"
     cpu = forge.load(path, backend="cpu_simd", n_ctx=512)
     f = gpu.runner.spec.ffn
     try:
@@ -93,7 +96,7 @@ def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_d
             seen.add(experts.variant(types, min(n, 256) * f.n_expert_used, f.n_expert))
             mx, _ = logit_errors(gpu.logits(tokens), cpu.logits(tokens))
             worst = max(worst, mx)
-        assert seen == (PLANNED[model_file] if forced is None else {forced})
+        assert seen == (PLANNED[model_file] if forced is None else {v})
     finally:
         gpu.runner.close()
     report.append(f"moe hip vs cpu {model_file:22s} {forced or 'planned':7s} max {worst:.2e}")

@@ -35,7 +35,7 @@ def _moe_launches(rt) -> list[tuple[str, tuple]]:
 def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
     golden_dir, rows, variant
 ):
-    from forge_hip.experts import max_tiles
+    from forge_hip.experts import kernel, max_tiles
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt)
@@ -45,9 +45,15 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
     tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
     runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
     moe = _moe_launches(rt)
-    per_layer = ["moe_route", "moe_quant", f"moe_glu_{variant}", "moe_quant",
-                 f"moe_down_{variant}", "moe_combine"]  # fmt: skip
-    assert [n for n, _ in moe] == per_layer * runner.spec.n_layer
+    want = []
+    for part in runner.plan.ffn:
+        glu, down = kernel("glu", variant, part.types[:2]), kernel("down", variant, part.types[2:])
+        want += ["moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
+    assert [n for n, _ in moe] == want
+    r1 = {n for n, _ in moe if "_r1" in n}  # the one-type kernels: Q4_K gate/up, Q4_K/Q6_K down
+    assert r1 <= {"moe_glu_r1_q4_k", "moe_down_r1_q4_k", "moe_down_r1_q6_k"} and (rows > 8) != bool(
+        r1
+    )
     pairs = rows * f.n_expert_used
     rm = {"r1": 1, "r8": 8, "mma": 32}[variant]
     for name, grid in moe:
@@ -108,8 +114,25 @@ def test_mxfp4_experts_take_the_variant_for_their_rows(golden_dir, rows, variant
     tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
     runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
     names = [n for n, _ in _moe_launches(rt)]
-    assert names.count(f"moe_glu_{variant}") == names.count(f"moe_down_{variant}") == 4
+    suffix = "r1_mxfp4" if variant == "r1" else variant
+    assert names.count(f"moe_glu_{suffix}") == names.count(f"moe_down_{suffix}") == 4
     assert len({n for n in names if n.startswith("moe_glu")}) == 1
+
+
+def test_one_type_kernels_only_where_every_matrix_has_that_type(golden_dir):
+    from forge_hip.experts import kernel
+
+    assert kernel("glu", "r1", ["Q4_K", "Q4_K"]) == "moe_glu_r1_q4_k"
+    assert kernel("glu", "r1", ["Q4_K", "Q5_K"]) == "moe_glu_r1"  # mixed
+    assert kernel("down", "r1", ["Q5_K"]) == "moe_down_r1"  # no kernel of its own
+    assert kernel("down", "r8", ["MXFP4"]) == "moe_down_r8"  # one-pair tiles only
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt, "gpt-oss-mxfp4.gguf")
+    runner.allocate_kv(64, 16)
+    runner.plan.ffns.typed = False  # the generic kernels, for comparisons
+    rt.launches.clear()
+    runner.forward([SeqBatch(np.arange(1, 2, dtype=np.int32), 0, np.arange(1), "last")])
+    assert {n for n, _ in _moe_launches(rt) if "_r1" in n} == {"moe_glu_r1", "moe_down_r1"}
 
 
 def test_too_many_experts_per_token_are_refused(golden_dir):

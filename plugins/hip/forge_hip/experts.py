@@ -14,7 +14,9 @@
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
 a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types); "gen"
-when an expert matrix is Q2_K or Q3_K.
+when an expert matrix is Q2_K or Q3_K. One-pair tiles of matrices of one type take that type's
+own kernel (moe_glu_r1_<type>: fewer registers, more blocks on a compute unit) where moe.hip has
+one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import Placed
 from forge_hip.contract import constants
-from forge_hip.library import KernelLibrary
+from forge_hip.library import MOE_TYPED_R1, KernelLibrary
 from forge_hip.products import Products
 from forge_hip.tuning import MMQ_TYPES, MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
 from forge_hip.workspace import Workspace
@@ -69,6 +71,13 @@ def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
     return "mma"
 
 
+def kernel(kind: str, v: str, types: list[str], typed: bool = True) -> str:
+    """moe.hip's kernel for `kind` ("glu", "down") of variant v over matrices of `types`."""
+    if typed and v == "r1" and len(set(types)) == 1 and types[0] in MOE_TYPED_R1:
+        return f"moe_{kind}_r1_{MOE_TYPED_R1[types[0]]}"
+    return f"moe_{kind}_{v}"
+
+
 def block_rows(v: str, lanes: int) -> int:
     """Weight rows one block of moe_glu_<v> / moe_down_<v> takes (lanes: per row, mmv.h's)."""
     return MMA_ROWS if v == "mma" else MVQ_THREADS // lanes
@@ -86,6 +95,7 @@ class Experts:
         if not isinstance(spec.ffn, ExpertFFN):
             raise TypeError("Experts needs a model whose FFN is a mixture of experts")
         self.spec, self.f, self.products, self.lib, self.ws = spec, spec.ffn, products, lib, ws
+        self.typed = True  # one-type r1 kernels where moe.hip has them (off: the generic ones)
 
     def part(self, prefix: str) -> ExpertLaunches:
         """Descriptors of one layer's router and experts (prefix "blk.<i>.")."""
@@ -125,14 +135,15 @@ class Experts:
         gate_up_types, down_types = list(part.types[:2]), [part.types[2]]
         need = self._quantize(ws.h, ws.moe_order, k, s.n_embd, pairs, gate_up_types)
         lanes = mvq_lanes(gate_up_types, s.n_embd, rm, f.n_ff)
-        launch(lib.get(f"moe_glu_{v}"), (-(-f.n_ff // block_rows(v, lanes)), tiles),
+        launch(lib.get(kernel("glu", v, gate_up_types, self.typed)),
+               (-(-f.n_ff // block_rows(v, lanes)), tiles),
                (MVQ_THREADS,),
                [ws.descs, part.gate_up, ws.moe_tiles, ws.moe_xq, pairs, s.n_embd, need, lanes,
                 ACTIVATIONS[f.activation], f.swiglu_alpha, f.swiglu_limit])  # fmt: skip
         need = self._quantize(ws.moe_g, 0, 1, f.n_ff, pairs, down_types)
         lanes = mvq_lanes(down_types, f.n_ff, rm, s.n_embd)
         launch(
-            lib.get(f"moe_down_{v}"),
+            lib.get(kernel("down", v, down_types, self.typed)),
             (-(-s.n_embd // block_rows(v, lanes)), tiles),
             (MVQ_THREADS,),
             [ws.descs, part.down, ws.moe_tiles, ws.moe_xq, pairs, f.n_ff, need, lanes],
