@@ -164,3 +164,20 @@ def test_mxfp4_expert_rows_are_placed_16_byte_aligned(golden_dir):
     for p in placed.values():
         assert p.ptr % 16 == 0 and p.row_bytes == mxfp4_row_bytes(p.k) and p.row_bytes % 16 == 0
         assert p.row_bytes > 17 * p.k // 32  # (128 or 256 elements: 4 or 8 exponents, padded)
+
+
+@pytest.mark.parametrize("name", [MODEL, "gpt-oss-mxfp4.gguf"])
+def test_prefill_routers_run_one_warp_per_output(golden_dir, name):
+    """The float32 router of a prefill pass (N = the expert count) is not cut into 64 x 64 tiles
+    (8 blocks for 512 rows) but launched one warp per output: a block per row."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt, name)
+    runner.allocate_kv(64, 16)
+    rt.launches.clear()
+    rows = 300
+    tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
+    runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
+    routers = [(g, a) for (n, g, _), (_, a) in zip(rt.launches, rt.launch_args) if n == "mv_multi"]
+    first = [p.router for p in runner.plan.ffn]
+    assert [a[1] for _, a in routers] == first and all(g[1] == rows for g, _ in routers)
+    assert "mm_tiled" not in {n for n, _, _ in rt.launches}

@@ -50,6 +50,7 @@ from forge_hip.workspace import Workspace
 
 _C = constants()
 MV_WARPS = _C["MV_WARPS"]
+NARROW_N = 128  # float32 prefill products of at most this many outputs (routers) run per output
 GEMM_N, GEMM_THREADS = _C["GB_N"], _C["GB_THREADS"]
 NORM_THREADS = 256  # act_half / act_round / add_bias blocks (any size works)
 
@@ -287,8 +288,8 @@ class Products:
 
     def _gemm(self, first: int, count: int, rows: int) -> None:
         """Prefill products (many rows) of descriptors first .. first + count - 1: on tensor cores
-        (gemm.hip, 16-bit operands) when activations are rounded and no matrix is F32, else
-        float32 SIMT tiles (mm_tiled)."""
+        (gemm.hip, 16-bit operands) when activations are rounded and no matrix is F32; narrow
+        F32 ones (routers) one warp per output (mv_multi); else float32 SIMT tiles (mm_tiled)."""
         mats = self.mats[first : first + count]
         max_n = max(p.n for p, _ in mats)
         x, k = self.descs[first][DESC["X"]], mats[0][0].k
@@ -302,6 +303,12 @@ class Products:
             grid = (-(-rows // bm), -(-max_n // GEMM_N), count)
             self.launch(self.lib.get(f"gemm_m{bm}"), grid, (GEMM_THREADS,),
                         [self.ws.descs_p, first, rows])  # fmt: skip
+            return
+        if max_n <= NARROW_N and all(p.type == "F32" for p, _ in mats):
+            # one warp per output (mv_multi): mm_tiled's 64 x 64 tiles would leave all but
+            # rows / 64 blocks of the GPU idle (a router of 32 experts: 0.44 ms a layer)
+            grid = (-(-max_n // MV_WARPS), rows, count)
+            self.launch(self.mv_multi, grid, (MV_WARPS * self.warp,), [self.ws.descs, first])
             return
         modes = {ROUND_MODE[p.type] for p, _ in mats} if self.round_prefill else set()
         for mode in sorted(modes - {0}):
