@@ -8,6 +8,7 @@ import math
 
 import gguf
 import numpy as np
+from forge_hip.arena import device_rows
 from forge_hip.library import ROUND_MODE, TYPE_IDS
 from forge_hip.tuning import MVQ_THREADS, mvq_xbytes
 from gguf import GGMLQuantizationType, quants
@@ -89,8 +90,9 @@ class MvqCase:
             raw, W = random_weights(rng, t, n, K)
             b = rng.standard_normal(n).astype(np.float32) if bias else None
             y = dev.poisoned(R * n * 4)
+            row_bytes = device_rows(t, raw)[0].shape[1]  # (MXFP4 rows grow on the device)
             rows.append([dev.put_rows(t, raw), self.xbuf.ptr, y.ptr, dev.put(b).ptr if bias else 0,
-                         TYPE_IDS[t], K, n, raw.shape[1]])  # fmt: skip
+                         TYPE_IDS[t], K, n, row_bytes])  # fmt: skip
             self.W.append(W)
             self.b.append(b)
             self.y.append(y)
