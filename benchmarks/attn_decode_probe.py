@@ -66,7 +66,8 @@ def probe(rt, lib, dev, directory: str, positions: int, splits: int, n: int, row
     meta = [dev.put(c.pos), dev.put(c.slots), dev.put(c.bt), dev.put(c.btoff)]
     att = kernel(lib, "attn_decode", directory)
     att_args = [q, k, v, nw, nw, *meta, b["kc"], b["vc"], b["part_o"], b["part_ml"], b["cnt"],
-                b["out"], KVH, D, D, D, 1, 10000.0, 1.0, 1e-6, BS, D**-0.5, 0, 1]  # fmt: skip
+                b["out"], KVH, D, D, D, 1, 10000.0, 1.0, 0, 1.0, 1e-6, BS, D**-0.5, 0, 1,
+                0]  # fmt: skip
     x, o, xn = (
         dev.put(np.ones(640, np.float32)),
         dev.put(np.ones(640, np.float32)),

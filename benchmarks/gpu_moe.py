@@ -9,7 +9,8 @@ bandwidth) and the decode step's time per kernel.
 --generic-experts: the expert kernels for every weight type instead of the one-type decode
 kernels (forge_hip.experts.kernel), for comparison.
 
-Prints a short table; writes gpu_moe.json under --out.
+Prints a short table; writes gpu_moe.json (with --generic-experts gpu_moe_generic.json) under
+--out.
 """
 
 from __future__ import annotations

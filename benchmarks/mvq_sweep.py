@@ -111,7 +111,7 @@ class Bench:
             for t, n, raw in zip(types, ns, raws):
                 data, at = device_rows(t, raw)
                 w = self.put(data)
-                placed = Placed(w.ptr + at, t, K, n, raw.shape[1])
+                placed = Placed(w.ptr + at, t, K, n, data.shape[1])
                 table.append(descriptor(placed, x.ptr, ys[len(table) % len(ns)].ptr, 0))
         descs = self.put(np.asarray(table, np.int64))
         self.tables[descs.ptr] = np.asarray(table, np.int64)

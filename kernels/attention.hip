@@ -214,8 +214,9 @@ FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, 
 
 // Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
 // are stored to the cache; V heads are stored. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv].
+// freqs, mscale: rope_table's (a null table: base^(-2i / n_rot)).
 // Launch: grid = (ceil((H + Hkv) / W) + Hkv, R) with W = blockDim.x / FORGE_WARP <= ATT_MAX_WARPS
-// (forge_hip.plan.qk_rope_blocks): the first blocks take W of the row's Q then K heads, one per
+// (forge_hip.tuning.qk_rope_blocks): the first blocks take W of the row's Q then K heads, one per
 // warp, after building the row's RoPE table together; each of the last Hkv blocks stores a V head.
 FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
                                 const float* __restrict__ v, const float* __restrict__ qnw,

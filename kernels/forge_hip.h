@@ -52,8 +52,9 @@ typedef long long i64;
 #endif
 
 #if !defined(FORGE_HOST)
-// RoPE: the angle of rotation pair i of n_rot at position p (every RoPE path uses this one form,
-// so prefill, decode and the standalone kernels rotate by the same bits).
+// RoPE: the angle of rotation pair i of n_rot at position p (every RoPE path without a frequency
+// table uses this one form, so prefill, decode and the standalone kernels rotate by the same
+// bits; attention.hip's rope_table reads a table instead for YaRN and Llama 3.1 scaling).
 FORGE_DEV float rope_theta(int i, int n_rot, float p, float base) {
     return p * powf(base, -2.0f * (float)i / (float)n_rot);
 }

@@ -367,7 +367,9 @@ FORGE_DEV void mmq_rows(const MvMat& m, int n0, int kw, int ks, const XQ& x1, co
         case T_Q4_1: mmq_loop32<MT, T_Q4_1>(p, K / 32, kw, ks, x1, xo, acc); break;
         case T_Q5_0: mmq_loop32<MT, T_Q5_0>(p, K / 32, kw, ks, x1, xo, acc); break;
         case T_Q5_1: mmq_loop32<MT, T_Q5_1>(p, K / 32, kw, ks, x1, xo, acc); break;
+#if defined(FORGE_MXFP4)  // (moe.hip only: no dense product reads MXFP4)
         case T_MXFP4: mmq_loop32<MT, T_MXFP4>(p, K / 32, kw, ks, x1, xo, acc); break;
+#endif
         case T_Q8_0:
             if (((u64)m.W | (u64)m.row_bytes) % 8 == 0) {
                 mmq_loop32<MT, T_Q8_0, true>(p, K / 32, kw, ks, x1, xo, acc);

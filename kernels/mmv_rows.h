@@ -187,7 +187,9 @@ FORGE_DEV void row_dot(const MvMat& m, int n, int lane, int G, const XQ& x1, con
         case T_Q3_K: MVQ_ROW_GEN(unit_q3_k, K / 32, x2)
         case T_Q4_K: MVQ_ROW(q4_k, K / 64, x2)
         case T_Q5_K: MVQ_ROW1(unit_q5_k, K / 32, x2)
+#if defined(FORGE_MXFP4)  // (moe.hip only: no dense product reads MXFP4)
         case T_MXFP4: MVQ_ROW(mxfp4, K / 16, x1)
+#endif
         case T_Q6_K:  // (as Q8_0)
             if (AL && RM == 1 && ((u64)m.W | (u64)m.row_bytes) % 8 == 0) MVQ_ROW(q6_k, K / 32, x2)
             MVQ_ROW(q6_ku, K / 32, x2)

@@ -19,6 +19,7 @@
 //   mma (tiles of 32 pairs on int8 tensor cores: mmq.h's types, the others but Q2_K/Q3_K).
 // moe_combine: out[r] = sum_j w[r k + j] y[pos[r k + j]] in slot order (no atomics: the same
 //   bits whatever the launch).
+#define FORGE_MXFP4 1  // the expert products read MXFP4 (mmv_rows.h's and mmq.h's cases)
 #include "mmq.h"
 #include "mmv_rows.h"
 

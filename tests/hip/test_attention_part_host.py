@@ -77,6 +77,7 @@ def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows)
             a = plan.attention[i]
             assert args[-1] == address(f"blk.{i}.attn_sinks.weight") != 0
             assert args[22] == a.rope_freqs != 0  # (the argument after freq_scale)
+            assert args[23] == int(a.mscale)  # (the fake runtime records ints)
     else:
         runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32) % 400, 0,
                                  np.arange(-(-rows // 16)), "last")])  # fmt: skip
@@ -85,6 +86,7 @@ def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows)
                                          for i in range(runner.spec.n_layer)]  # fmt: skip
         rope = _args(rt, "qk_rope_store")
         assert [a[17] for a in rope] == [a.rope_freqs for a in plan.attention]
+        assert [a[18] for a in rope] == [int(a.mscale) for a in plan.attention]
     for i, a in enumerate(plan.attention):
         bias = plan.products.descs[a.wo][DESC["BIAS"]]
         assert bias == address(f"blk.{i}.attn_output.bias") != 0
@@ -94,7 +96,15 @@ def test_models_without_sinks_or_scaled_rope_hand_over_nothing_new(golden_dir):
     rt = FakeRuntime()
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
     runner.forward([SeqBatch(np.arange(1, 10, dtype=np.int32), 0, np.arange(1), "last")])
+    runner.forward([SeqBatch(np.arange(1, 301, dtype=np.int32) % 400, 0, np.arange(19), "last")])
+    runner.forward([SeqBatch(np.array([5], np.int32), 9, np.arange(1), "last")])
     for a in runner.plan.attention:
         assert (a.sinks, a.rope_freqs, a.mscale) == (0, 0, 1.0)
-    assert all(a[-1] == 0 for a in _args(rt, "attn_rows"))
-    assert all(a[17:19] == [0, 1] for a in _args(rt, "qk_rope_store"))
+    n = runner.spec.n_layer
+    for kernel, sinks in (("attn_rows", -1), ("attn_prefill", -1), ("attn_decode", -1)):
+        launched = _args(rt, kernel)
+        assert len(launched) >= n and all(a[sinks] == 0 for a in launched), kernel
+    rope = _args(rt, "qk_rope_store")
+    assert len(rope) >= n and all(a[17:19] == [0, 1] for a in rope)
+    decode = _args(rt, "attn_decode")
+    assert all(a[22:24] == [0, 1] for a in decode)

@@ -1,9 +1,10 @@
 """The weights arena: every weight of a model in ONE device allocation, and the memory preflight.
 
-Matrices are uploaded as their raw GGML blocks (the kernels decode them in place), except Q8_0
-and Q6_K, whose rows are rearranged (q8_0_rows, q6_k_rows) so that their quants load as aligned
-words; vectors (norm weights, biases) are widened to float32 on the host first, since the kernels
-read them as floats. Every tensor starts on a 256-byte boundary.
+Matrices are uploaded as their raw GGML blocks (the kernels decode them in place), except Q8_0,
+Q6_K and MXFP4, whose rows are rearranged (q8_0_rows, q6_k_rows, mxfp4_rows; MXFP4 rows grow by
+their padding) so that their quants load as aligned words; vectors (norm weights, biases) are
+widened to float32 on the host first, since the kernels read them as floats. Every tensor starts
+on a 256-byte boundary.
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ registering a kernel with a higher priority replaces the built-in one):
 - "matmul", per weight type: y[r, n] = x[r] . W[n] (+ bias, added by a separate launch) for
   x float32 [rows, K]; signature (W, x, y, K, N) "pppii", block = 4 warps, grid = (ceil(N / 4),
   rows). W is the weight as placed (`forge_hip.arena.device_rows`): GGML blocks as stored,
-  except Q8_0 and Q6_K rows, whose scales move before each row's quants (kernels/quants.h
-  deq32_q8_0 / deq32_q6_k read them). Replacing it takes the matrices of that type off the
-  fused descriptor paths (one launch per matrix).
+  except Q8_0, Q6_K and MXFP4 rows, whose scales move before each row's quants
+  (kernels/quants.h deq32_q8_0 / deq32_q6_k / deq32_mxfp4 read them). Replacing it takes the
+  matrices of that type off the fused descriptor paths (one launch per matrix).
 - "embed", per weight type: out[t] = scale * W[ids[t]] as float32; (W, ids, out, K, scale).
-- The weightless ops, each with its built-in kernel's arguments and launch (`forge_hip.plan`):
+- The weightless ops, each with its built-in kernel's arguments and launch (`forge_hip.plan`,
+  `forge_hip.attention_part`; the RoPE ops take a frequency table and a cos/sin magnitude after
+  freq_scale, and the attention ops the heads' sinks last, each 0 / 1.0 / 0 when absent):
   "add_norm" (residual add and RMSNorm, layer.hip), "qk_rope_store" and "attn_rows"
   (attention.hip), "attn_decode" (attention.hip's attn_decode_w512: every head width; the plan
   takes a narrower built-in layout when the built-in one wins), "gather_rows", "add_bias",
