@@ -691,7 +691,7 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
     __shared__ int flag;                                                                        \
     const DecArgs g = {q, k, v, qnw, knw, pos, slots, bt, btoff, kc, vc, part_o, part_ml, cnt, \
                        out, Hkv, D, Dv, n_rot, neox, base, freq_scale, freqs, mscale, eps,     \
-                       block_size, scale, window, kv_fmt, sinks};                                                         \
+                       block_size, scale, window, kv_fmt, sinks};                              \
     DISPATCH
 #define DECODE_HEAD(L, V)                                                          \
     do {                                                                           \

@@ -11,7 +11,6 @@ from forge.kv_cache import KvFormat, KvTypes
 from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
-from forge_hip.attention_part import TABLE_KINDS
 from forge_hip.contract import constants
 from forge_hip.kv import kv_bytes
 from forge_hip.library import ROUND_MODE, TYPE_SUFFIX
@@ -69,9 +68,6 @@ def check_spec(spec: ModelSpec, gguf: GGUFFile | None = None) -> None:
         _check_experts(spec.ffn, spec, gguf)
     elif not isinstance(spec.ffn, DenseFFN):
         raise UnsupportedModelError(f"hip has no kernels for an FFN of kind {spec.ffn.kind!r}")
-    rope_kinds = {layer.rope.kind for layer in spec.layers} - {"none", "linear", *TABLE_KINDS}
-    if rope_kinds:
-        raise UnsupportedModelError(f"hip has no kernels for RoPE scaling {sorted(rope_kinds)}")
     if max(spec.head_dim, spec.head_dim_v) > MAX_HEAD_DIM:
         raise UnsupportedModelError(f"hip supports head dims up to {MAX_HEAD_DIM}")
     if spec.head_dim % 8 or spec.head_dim_v % 8:  # attention.hip reads K/V rows in 16-byte words

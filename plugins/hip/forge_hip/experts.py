@@ -74,7 +74,7 @@ def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
 def kernel(kind: str, v: str, types: list[str], typed: bool = True) -> str:
     """moe.hip's kernel for `kind` ("glu", "down") of variant v over matrices of `types`."""
     if typed and v == "r1" and len(set(types)) == 1 and types[0] in MOE_TYPED_R1:
-        return f"moe_{kind}_r1_{MOE_TYPED_R1[types[0]]}"
+        return f"moe_{kind}_r1_{types[0].lower()}"
     return f"moe_{kind}_{v}"
 
 

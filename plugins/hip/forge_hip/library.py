@@ -23,7 +23,7 @@ TYPE_SUFFIX = {
 
 MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* kernel suffixes
 MOE_VARIANTS = ("r1", "r8", "gen", "mma")  # moe.hip's moe_glu_* / moe_down_* suffixes
-MOE_TYPED_R1 = {"MXFP4": "mxfp4", "Q4_K": "q4_k", "Q6_K": "q6_k", "Q8_0": "q8_0"}  # r1_<suffix>
+MOE_TYPED_R1 = ("MXFP4", "Q4_K", "Q6_K", "Q8_0")  # moe.hip's moe_*_r1_<type, lower case>
 ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
 
 
@@ -99,7 +99,7 @@ def plan_kernels() -> set[str]:
         *(f"attn_prefill_{d}" for d in (64, 128, 256)),
         "moe_route", "moe_quant", "moe_combine",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
-        *(f"moe_{k}_r1_{s}" for k in ("glu", "down") for s in MOE_TYPED_R1.values()),
+        *(f"moe_{k}_r1_{s}" for k in ("glu", "down") for s in map(str.lower, MOE_TYPED_R1)),
     }  # fmt: skip
 
 
