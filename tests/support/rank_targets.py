@@ -20,7 +20,10 @@ def share_id(rank: int, world: int, port: int, out_dir: str) -> None:
 def sleep_or_die(rank: int, world: int, dying: int, how: str, pid_dir: str) -> None:
     """Rank `dying` kills itself (`how` = "signal") or raises (`how` = "raise") once every
     rank has written its pid; the others sleep as if blocked in a collective."""
-    Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    # written whole, then renamed: the dying rank counts *.pid files, and a file it saw created
+    # but not yet written would leave the test an empty pid once the group kills this rank
+    Path(pid_dir, f"rank{rank}.tmp").write_text(str(os.getpid()))
+    os.replace(Path(pid_dir, f"rank{rank}.tmp"), Path(pid_dir, f"rank{rank}.pid"))
     if rank != dying:
         time.sleep(120)
         return
