@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forge_cpu_jit.unpack import OFFSET_SHIFT
+from forge_cpu_jit.unpack import BLOCK_BYTES, OFFSET_SHIFT
 
 INT_TYPES = tuple(OFFSET_SHIFT)
+SUPER_TYPES = tuple(t for t in INT_TYPES if t.endswith("_K"))  # 256-weight super-blocks
 GENERATED = Path(__file__).with_name("generated.py")
 
 _PRELUDE = '''"""The per-type products and micro-kernels (see gemm.py).
@@ -38,6 +39,7 @@ from forge_cpu_jit.simd import (
     load_i32x16,
     load_u8x64,
     neg_shl,
+    prefetch,
     store_f32x16,
     store_u8x64,
     to_f32,
@@ -49,6 +51,7 @@ from forge_cpu_jit.unpack import (
 )
 
 TILE = 16  # weight rows unpacked at a time (a multiple of 4)
+PREFETCH_BYTES = 2048  # how far ahead of the row being multiplied the one-row products prefetch
 _NB = {{"nogil": True, "cache": True, "error_model": "numpy"}}
 _INLINE = {{**_NB, "inline": "always"}}
 
@@ -142,30 +145,49 @@ def _tile_driver(t: str) -> list[str]:
     return lines
 
 
+def _chunk_step(t: str, indent: str, unpack: str) -> list[str]:
+    """One chunk c of a one-row product: unpack it (`unpack`), multiply, accumulate."""
+    sh = OFFSET_SHIFT[t]
+    lines = [indent + "xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)"]
+    lines.append(indent + ("cv = zeros_i32x16()" if sh < 0
+                           else f"cv = neg_shl(load_i32x16(xlr, c * 16), {sh})"))  # fmt: skip
+    lines.append(indent + f"w, s, mn = {unpack}")
+    lines.append(indent + "acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)")
+    if sh < 0:
+        lines.append(indent + "acc = fma(mn, load_f32x16(xslr, c * 16), acc)")
+    return lines
+
+
 def _row_driver(t: str) -> list[str]:
-    low, sh = t.lower(), OFFSET_SHIFT[t]
+    """mv: one weight row after another (one stream from memory: interleaving rows halved the
+    read bandwidth), prefetching PREFETCH_BYTES ahead. A K-quant's super-block scales are
+    decoded once for its four chunks."""
+    low, sh, size = t.lower(), OFFSET_SHIFT[t], BLOCK_BYTES[t]
     lines = [
         "@njit(**_NB)",
         f"def mv_{low}(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001",
-        f'    """{t} weight rows n0..n1 by one activation row, a row at a time (one stream from',
-        '    memory: interleaving rows halved the read bandwidth)."""',
-        "    nc = xq.shape[1] // 64",
+        f'    """{t} weight rows n0..n1 by one activation row, a row at a time."""',
         "    x, xsr, "
         + ("xslr = xq[0], xs[0], xsl[0]" if sh < 0 else "xlr = xq[0], xs[0], xls[0]"),
+        "    flat = raw.reshape(raw.shape[0] * raw.shape[1])",
+        "    last = flat.shape[0] - 1",
         "    for n in range(n0, n1):",
         "        row = raw[n]",
+        "        ahead = n * raw.shape[1] + PREFETCH_BYTES",
         "        acc = zeros_f32x16()",
-        "        for c in range(nc):",
-        "            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)",
     ]  # fmt: skip
-    if sh < 0:
-        lines += ["            cv = zeros_i32x16()"]
+    if t not in SUPER_TYPES:
+        lines += ["        for c in range(xq.shape[1] // 64):",
+                  f"            prefetch(flat, min(ahead + c * {2 * size}, last))"]  # fmt: skip
+        lines += _chunk_step(t, " " * 12, f"chunk_{low}(row, c)")
     else:
-        lines.append(f"            cv = neg_shl(load_i32x16(xlr, c * 16), {sh})")
-    lines.append(f"            w, s, mn = chunk_{low}(row, c)")
-    lines.append("            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)")
-    if sh < 0:
-        lines.append("            acc = fma(mn, load_f32x16(xslr, c * 16), acc)")
+        lines += [f"        for b in range(raw.shape[1] // {size}):", f"            o = b * {size}"]
+        lines += [f"            prefetch(flat, min(ahead + o + {at}, last))"
+                  for at in range(0, size, 64)]  # fmt: skip
+        lines.append(f"            h = head_{low}(row, o)")
+        for j in range(4):
+            lines.append(f"            c = 4 * b + {j}")
+            lines += _chunk_step(t, " " * 12, f"part_{low}(row, o, {j}, h)")
     lines.append("        out[0, col0 + n] = hsum(acc)")
     return lines + ["", ""]
 
@@ -189,7 +211,9 @@ def _entry(t: str) -> list[str]:
 
 def generate() -> str:
     """The text of generated.py."""
-    chunks = "\n".join(f"    chunk_{t.lower()}," for t in sorted(INT_TYPES, key=str.lower))
+    names = [f"chunk_{t.lower()}" for t in INT_TYPES]
+    names += [f"{f}_{t.lower()}" for t in SUPER_TYPES for f in ("head", "part")]
+    chunks = "\n".join(f"    {n}," for n in sorted(names))
     out = [_PRELUDE.format(chunks=chunks).rstrip("\n") + "\n\n"]
     for kind in ("int", "min", "float"):
         for mr in (4, 1):

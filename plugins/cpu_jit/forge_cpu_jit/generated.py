@@ -21,6 +21,7 @@ from forge_cpu_jit.simd import (
     load_i32x16,
     load_u8x64,
     neg_shl,
+    prefetch,
     store_f32x16,
     store_u8x64,
     to_f32,
@@ -39,9 +40,20 @@ from forge_cpu_jit.unpack import (
     chunk_q5_k,
     chunk_q6_k,
     chunk_q8_0,
+    head_q2_k,
+    head_q3_k,
+    head_q4_k,
+    head_q5_k,
+    head_q6_k,
+    part_q2_k,
+    part_q3_k,
+    part_q4_k,
+    part_q5_k,
+    part_q6_k,
 )
 
 TILE = 16  # weight rows unpacked at a time (a multiple of 4)
+PREFETCH_BYTES = 2048  # how far ahead of the row being multiplied the one-row products prefetch
 _NB = {"nogil": True, "cache": True, "error_model": "numpy"}
 _INLINE = {**_NB, "inline": "always"}
 
@@ -348,14 +360,16 @@ def mm_q4_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q4_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q4_0 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q4_0 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 36, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 3)
             w, s, mn = chunk_q4_0(row, c)
@@ -409,14 +423,16 @@ def mm_q4_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q4_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q4_1 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q4_1 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xslr = xq[0], xs[0], xsl[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 40, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = zeros_i32x16()
             w, s, mn = chunk_q4_1(row, c)
@@ -470,14 +486,16 @@ def mm_q5_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q5_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q5_0 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q5_0 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 44, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 4)
             w, s, mn = chunk_q5_0(row, c)
@@ -531,14 +549,16 @@ def mm_q5_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q5_1(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q5_1 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q5_1 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xslr = xq[0], xs[0], xsl[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 48, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = zeros_i32x16()
             w, s, mn = chunk_q5_1(row, c)
@@ -592,14 +612,16 @@ def mm_q8_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q8_0(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q8_0 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q8_0 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 68, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 7)
             w, s, mn = chunk_q8_0(row, c)
@@ -652,14 +674,16 @@ def mm_mxfp4(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_mxfp4(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """MXFP4 weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """MXFP4 weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for c in range(xq.shape[1] // 64):
+            prefetch(flat, min(ahead + c * 34, last))
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 4)
             w, s, mn = chunk_mxfp4(row, c)
@@ -713,17 +737,41 @@ def mm_q2_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q2_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q2_K weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q2_K weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xslr = xq[0], xs[0], xsl[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for b in range(raw.shape[1] // 84):
+            o = b * 84
+            prefetch(flat, min(ahead + o + 0, last))
+            prefetch(flat, min(ahead + o + 64, last))
+            h = head_q2_k(row, o)
+            c = 4 * b + 0
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = zeros_i32x16()
-            w, s, mn = chunk_q2_k(row, c)
+            w, s, mn = part_q2_k(row, o, 0, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 1
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q2_k(row, o, 1, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 2
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q2_k(row, o, 2, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 3
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q2_k(row, o, 3, h)
             acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
             acc = fma(mn, load_f32x16(xslr, c * 16), acc)
         out[0, col0 + n] = hsum(acc)
@@ -774,17 +822,38 @@ def mm_q3_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q3_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q3_K weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q3_K weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for b in range(raw.shape[1] // 110):
+            o = b * 110
+            prefetch(flat, min(ahead + o + 0, last))
+            prefetch(flat, min(ahead + o + 64, last))
+            h = head_q3_k(row, o)
+            c = 4 * b + 0
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 2)
-            w, s, mn = chunk_q3_k(row, c)
+            w, s, mn = part_q3_k(row, o, 0, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 1
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 2)
+            w, s, mn = part_q3_k(row, o, 1, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 2
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 2)
+            w, s, mn = part_q3_k(row, o, 2, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 3
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 2)
+            w, s, mn = part_q3_k(row, o, 3, h)
             acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
         out[0, col0 + n] = hsum(acc)
 
@@ -835,17 +904,42 @@ def mm_q4_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q4_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q4_K weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q4_K weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xslr = xq[0], xs[0], xsl[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for b in range(raw.shape[1] // 144):
+            o = b * 144
+            prefetch(flat, min(ahead + o + 0, last))
+            prefetch(flat, min(ahead + o + 64, last))
+            prefetch(flat, min(ahead + o + 128, last))
+            h = head_q4_k(row, o)
+            c = 4 * b + 0
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = zeros_i32x16()
-            w, s, mn = chunk_q4_k(row, c)
+            w, s, mn = part_q4_k(row, o, 0, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 1
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q4_k(row, o, 1, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 2
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q4_k(row, o, 2, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 3
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q4_k(row, o, 3, h)
             acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
             acc = fma(mn, load_f32x16(xslr, c * 16), acc)
         out[0, col0 + n] = hsum(acc)
@@ -897,17 +991,42 @@ def mm_q5_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q5_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q5_K weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q5_K weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xslr = xq[0], xs[0], xsl[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for b in range(raw.shape[1] // 176):
+            o = b * 176
+            prefetch(flat, min(ahead + o + 0, last))
+            prefetch(flat, min(ahead + o + 64, last))
+            prefetch(flat, min(ahead + o + 128, last))
+            h = head_q5_k(row, o)
+            c = 4 * b + 0
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = zeros_i32x16()
-            w, s, mn = chunk_q5_k(row, c)
+            w, s, mn = part_q5_k(row, o, 0, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 1
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q5_k(row, o, 1, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 2
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q5_k(row, o, 2, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            acc = fma(mn, load_f32x16(xslr, c * 16), acc)
+            c = 4 * b + 3
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = zeros_i32x16()
+            w, s, mn = part_q5_k(row, o, 3, h)
             acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
             acc = fma(mn, load_f32x16(xslr, c * 16), acc)
         out[0, col0 + n] = hsum(acc)
@@ -958,17 +1077,40 @@ def mm_q6_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
 
 @njit(**_NB)
 def mv_q6_k(raw, xq, xs, xls, xsl, out, col0, n0, n1):  # noqa: ANN001
-    """Q6_K weight rows n0..n1 by one activation row, a row at a time (one stream from
-    memory: interleaving rows halved the read bandwidth)."""
-    nc = xq.shape[1] // 64
+    """Q6_K weight rows n0..n1 by one activation row, a row at a time."""
     x, xsr, xlr = xq[0], xs[0], xls[0]
+    flat = raw.reshape(raw.shape[0] * raw.shape[1])
+    last = flat.shape[0] - 1
     for n in range(n0, n1):
         row = raw[n]
+        ahead = n * raw.shape[1] + PREFETCH_BYTES
         acc = zeros_f32x16()
-        for c in range(nc):
+        for b in range(raw.shape[1] // 210):
+            o = b * 210
+            prefetch(flat, min(ahead + o + 0, last))
+            prefetch(flat, min(ahead + o + 64, last))
+            prefetch(flat, min(ahead + o + 128, last))
+            prefetch(flat, min(ahead + o + 192, last))
+            h = head_q6_k(row, o)
+            c = 4 * b + 0
             xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
             cv = neg_shl(load_i32x16(xlr, c * 16), 5)
-            w, s, mn = chunk_q6_k(row, c)
+            w, s, mn = part_q6_k(row, o, 0, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 1
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 5)
+            w, s, mn = part_q6_k(row, o, 1, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 2
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 5)
+            w, s, mn = part_q6_k(row, o, 2, h)
+            acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
+            c = 4 * b + 3
+            xv, tv = load_i8x64(x, c * 64), load_f32x16(xsr, c * 16)
+            cv = neg_shl(load_i32x16(xlr, c * 16), 5)
+            w, s, mn = part_q6_k(row, o, 3, h)
             acc = fma(to_f32(dot4(cv, w, xv)), fmul(s, tv), acc)
         out[0, col0 + n] = hsum(acc)
 

@@ -432,6 +432,79 @@ def scales_i8x4(typingctx, arr, at, d):  # noqa: ANN001
     return F32x16(arr, at, d), codegen
 
 
+@intrinsic
+def k4_scales(typingctx, arr, at, d, mdmin):  # noqa: ANN001
+    """The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes at `at` of a
+    Q4_K/Q5_K super-block (ggml's get_scale_min_k4 layout), as lanes 0-7 d * scale[j] and lanes
+    8-15 mdmin * min[j]: byte shuffles and one vector multiply, the same products as scalar
+    code. Reads 16 bytes (the block's quants follow its scales)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8
+            and isinstance(at, types.Integer) and d == mdmin == types.float32):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        q = builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1],
+                                  ir.VectorType(_I8, 16)), align=1)  # fmt: skip
+
+        def pick(idx):  # noqa: ANN001, ANN202
+            return builder.shuffle_vector(q, q, _const_vec(_I32, idx))
+
+        def bits(v, shift, mask):  # noqa: ANN001, ANN202 - (v >> shift) & mask per lane
+            v = builder.lshr(v, _const_vec(_I8, shift))
+            return builder.and_(v, _const_vec(_I8, mask))
+
+        low4, high4 = [0, 0, 0, 0], [4, 4, 4, 4]
+        # scale j: q[j] & 63 (j < 4), else (q[j + 4] & 15) | (q[j - 4] >> 6) << 4
+        scale = builder.or_(
+            bits(pick([0, 1, 2, 3, 8, 9, 10, 11]), low4 * 2, [63] * 4 + [15] * 4),
+            bits(pick([0, 0, 0, 0, 0, 1, 2, 3]), [2] * 8, [0] * 4 + [48] * 4),
+        )
+        # min j: q[j + 4] & 63 (j < 4), else (q[j + 4] >> 4) | (q[j] >> 6) << 4
+        mins = builder.or_(
+            bits(pick([4, 5, 6, 7, 8, 9, 10, 11]), low4 + high4, [63] * 4 + [15] * 4),
+            bits(pick([0, 0, 0, 0, 4, 5, 6, 7]), [2] * 8, [0] * 4 + [48] * 4),
+        )
+        both = builder.shuffle_vector(scale, mins, _const_vec(_I32, range(16)))
+        f = builder.uitofp(both, ir.VectorType(_F32, 16))
+        factors = builder.shuffle_vector(_splat(builder, args[2], 8), _splat(builder, args[3], 8),
+                                         _const_vec(_I32, range(16)))  # fmt: skip
+        return builder.fmul(f, factors)
+
+    return F32x16(arr, at, d, mdmin), codegen
+
+
+@intrinsic
+def pair_lanes(typingctx, v, i):  # noqa: ANN001
+    """Lanes 0-7 v[i], lanes 8-15 v[i + 1] (one permute when i is a constant)."""
+    if v != F32x16 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        i0 = builder.trunc(args[1], _I32) if args[1].type.width > 32 else args[1]
+        i1 = builder.add(i0, ir.Constant(_I32, 1))
+        pair = [builder.extract_element(args[0], i0), builder.extract_element(args[0], i1)]
+        return _lanes_of(builder, pair)
+
+    return F32x16(v, i), codegen
+
+
+@intrinsic
+def half_at(typingctx, arr, at):  # noqa: ANN001
+    """The IEEE half at bytes at, at + 1 of a uint8 array as float32 (exact; `vcvtph2ps` where
+    the CPU has F16C)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.uint8
+            and isinstance(at, types.Integer)):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001
+        h = _load_i16(context, builder, sig.args[0], args[0], args[1])
+        one = builder.insert_element(ir.Constant(ir.VectorType(_I16, 1), ir.Undefined), h,
+                                     ir.Constant(_I32, 0))  # fmt: skip
+        return builder.extract_element(_f16_vec(builder, one), ir.Constant(_I32, 0))
+
+    return types.float32(arr, at), codegen
+
+
 def _make_float_load(name: str, width: int, convert):
     """A load of 16 floats stored as `width`-bit values at byte index i of a uint8 array."""
 

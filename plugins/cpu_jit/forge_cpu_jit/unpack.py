@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from forge_cpu_jit.quant import f16_to_f32
 from forge_cpu_jit.simd import (
     band,
     bits32,
@@ -32,9 +31,12 @@ from forge_cpu_jit.simd import (
     e2m1_codes,
     f32x16_2,
     f32x16_4,
+    half_at,
     halves2,
+    k4_scales,
     load_u8x16,
     load_u8x32,
+    pair_lanes,
     scales_i8x4,
     shl,
     shr,
@@ -50,11 +52,6 @@ OFFSET_SHIFT = {"Q4_0": 3, "Q4_1": -1, "Q5_0": 4, "Q5_1": -1, "Q8_0": 7, "MXFP4"
 HAS_MIN = {t: s < 0 for t, s in OFFSET_SHIFT.items()}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "MXFP4": 17,
                "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # fmt: skip
-
-
-@njit(**_INLINE)
-def _half(row, at):  # noqa: ANN001, ANN202
-    return f16_to_f32(np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8)))
 
 
 @njit(**_INLINE)
@@ -87,7 +84,7 @@ def chunk_q4_0(row, c):  # noqa: ANN001, ANN201
     lo = _nibbles(row, o + 2)
     if o + 36 <= row.shape[0]:
         return cat(lo, _nibbles(row, o + 20)), halves2(row, o, o + 18), zeros_f32x16()
-    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(half_at(row, o), np.float32(0.0)), zeros_f32x16()
 
 
 @njit(**_INLINE)
@@ -98,8 +95,8 @@ def chunk_q4_1(row, c):  # noqa: ANN001, ANN201
         return (cat(lo, _nibbles(row, o + 24)), halves2(row, o, o + 20),
                 halves2(row, o + 2, o + 22))  # fmt: skip
     zero = np.float32(0.0)
-    return (cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), zero),
-            f32x16_2(_half(row, o + 2), zero))  # fmt: skip
+    return (cat(lo, zeros_u8x32()), f32x16_2(half_at(row, o), zero),
+            f32x16_2(half_at(row, o + 2), zero))  # fmt: skip
 
 
 @njit(**_INLINE)
@@ -109,7 +106,7 @@ def chunk_q5_0(row, c):  # noqa: ANN001, ANN201
     if o + 44 <= row.shape[0]:
         hi = bor(_nibbles(row, o + 28), _fifth_bits(row, o + 24))
         return cat(lo, hi), halves2(row, o, o + 22), zeros_f32x16()
-    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(half_at(row, o), np.float32(0.0)), zeros_f32x16()
 
 
 @njit(**_INLINE)
@@ -120,8 +117,8 @@ def chunk_q5_1(row, c):  # noqa: ANN001, ANN201
         hi = bor(_nibbles(row, o + 32), _fifth_bits(row, o + 28))
         return cat(lo, hi), halves2(row, o, o + 24), halves2(row, o + 2, o + 26)
     zero = np.float32(0.0)
-    return (cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), zero),
-            f32x16_2(_half(row, o + 2), zero))  # fmt: skip
+    return (cat(lo, zeros_u8x32()), f32x16_2(half_at(row, o), zero),
+            f32x16_2(half_at(row, o + 2), zero))  # fmt: skip
 
 
 @njit(**_INLINE)
@@ -131,7 +128,7 @@ def chunk_q8_0(row, c):  # noqa: ANN001, ANN201
     if o + 68 <= row.shape[0]:
         hi = bxor(load_u8x32(row, o + 36), 0x80)
         return cat(lo, hi), halves2(row, o, o + 34), zeros_f32x16()
-    return cat(lo, zeros_u8x32()), f32x16_2(_half(row, o), np.float32(0.0)), zeros_f32x16()
+    return cat(lo, zeros_u8x32()), f32x16_2(half_at(row, o), np.float32(0.0)), zeros_f32x16()
 
 
 @njit(**_INLINE)
@@ -155,15 +152,23 @@ def chunk_mxfp4(row, c):  # noqa: ANN001, ANN201
 
 
 # -- K-quants: a chunk is a quarter of a 256-weight super-block --------------------------------
+# `head_<type>(row, o)` decodes what the four chunks of the super-block at byte o share (its
+# scales), `part_<type>(row, o, j, head)` unpacks chunk j of it; `chunk_<type>` is the two in
+# one. The one-row products call head once per super-block, the tiled ones chunk: the same
+# float products either way.
 
 
 @njit(**_INLINE)
-def chunk_q2_k(row, c):  # noqa: ANN001, ANN201
-    o, q = (c >> 2) * 84, c & 3
+def head_q2_k(row, o):  # noqa: ANN001, ANN201
+    return half_at(row, o + 80), half_at(row, o + 82)
+
+
+@njit(**_INLINE)
+def part_q2_k(row, o, q, head):  # noqa: ANN001, ANN201
+    d, dmin = head
     n, j = q >> 1, 2 * (q & 1)  # weight 128 n + 32 j + l is bits 2j of qs[32 n + l]
     bits = load_u8x32(row, o + 16 + 32 * n)
     codes = cat(band(shr(bits, 2 * j), 3), band(shr(bits, 2 * j + 2), 3))
-    d, dmin = _half(row, o + 80), _half(row, o + 82)
     g = o + 4 * q  # the scales of sub-blocks 4q .. 4q + 3 (16 weights each)
     s0, s1, s2, s3 = row[g], row[g + 1], row[g + 2], row[g + 3]
     scales = f32x16_4(d * np.float32(s0 & 15), d * np.float32(s1 & 15),
@@ -182,14 +187,17 @@ def _scale_q3_k(row, o, g):  # noqa: ANN001, ANN202
 
 
 @njit(**_INLINE)
-def chunk_q3_k(row, c):  # noqa: ANN001, ANN201
-    o, q = (c >> 2) * 110, c & 3
+def head_q3_k(row, o):  # noqa: ANN001, ANN201
+    return half_at(row, o + 108)
+
+
+@njit(**_INLINE)
+def part_q3_k(row, o, q, d):  # noqa: ANN001, ANN201
     n, j = q >> 1, 2 * (q & 1)
     low = load_u8x32(row, o + 32 + 32 * n)
     high = load_u8x32(row, o)  # bit 4n + j of hmask[l]: set means no -4
     a = bor(band(shr(low, 2 * j), 3), shl(band(shr(high, 4 * n + j), 1), 2))
     b = bor(band(shr(low, 2 * j + 2), 3), shl(band(shr(high, 4 * n + j + 1), 1), 2))
-    d = _half(row, o + 108)
     g = 4 * q
     scales = f32x16_4(d * _scale_q3_k(row, o, g), d * _scale_q3_k(row, o, g + 1),
                       d * _scale_q3_k(row, o, g + 2), d * _scale_q3_k(row, o, g + 3))  # fmt: skip
@@ -197,50 +205,70 @@ def chunk_q3_k(row, c):  # noqa: ANN001, ANN201
 
 
 @njit(**_INLINE)
-def _scale_min_k4(row, o, j):  # noqa: ANN001, ANN202
-    """6-bit scale and minimum of sub-block j of a Q4_K/Q5_K block at byte o."""
-    q = o + 4
-    if j < 4:
-        return np.float32(row[q + j] & 63), np.float32(row[q + j + 4] & 63)
-    sc = (row[q + j + 4] & 15) | ((row[q + j - 4] >> 6) << 4)
-    m = (row[q + j + 4] >> 4) | ((row[q + j] >> 6) << 4)
-    return np.float32(sc), np.float32(m)
+def head_q4_k(row, o):  # noqa: ANN001, ANN201
+    """Lanes 0-7: d * scale of sub-block 0..7; lanes 8-15: -dmin * its minimum."""
+    return k4_scales(row, o + 4, half_at(row, o), -half_at(row, o + 2))
 
 
 @njit(**_INLINE)
-def _k4_scales(row, o, j):  # noqa: ANN001, ANN202
-    d, dmin = _half(row, o), _half(row, o + 2)
-    sc0, m0 = _scale_min_k4(row, o, 2 * j)
-    sc1, m1 = _scale_min_k4(row, o, 2 * j + 1)
-    return f32x16_2(d * sc0, d * sc1), f32x16_2(-dmin * m0, -dmin * m1)
+def part_q4_k(row, o, j, head):  # noqa: ANN001, ANN201
+    q = load_u8x32(row, o + 16 + 32 * j)  # sub-blocks 2j (low nibbles) and 2j + 1 (high)
+    return cat(band(q, 15), shr(q, 4)), pair_lanes(head, 2 * j), pair_lanes(head, 8 + 2 * j)
+
+
+head_q5_k = head_q4_k  # the same scale layout
 
 
 @njit(**_INLINE)
-def chunk_q4_k(row, c):  # noqa: ANN001, ANN201
-    o, j = (c >> 2) * 144, c & 3  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-    q = load_u8x32(row, o + 16 + 32 * j)
-    scales, mins = _k4_scales(row, o, j)
-    return cat(band(q, 15), shr(q, 4)), scales, mins
-
-
-@njit(**_INLINE)
-def chunk_q5_k(row, c):  # noqa: ANN001, ANN201
-    o, j = (c >> 2) * 176, c & 3
+def part_q5_k(row, o, j, head):  # noqa: ANN001, ANN201
     q = load_u8x32(row, o + 48 + 32 * j)
     h = load_u8x32(row, o + 16)  # bit 2j / 2j + 1 of qh[l]: the fifth bit
     lo = bor(band(q, 15), shl(band(shr(h, 2 * j), 1), 4))
     hi = bor(shr(q, 4), shl(band(shr(h, 2 * j + 1), 1), 4))
-    scales, mins = _k4_scales(row, o, j)
-    return cat(lo, hi), scales, mins
+    return cat(lo, hi), pair_lanes(head, 2 * j), pair_lanes(head, 8 + 2 * j)
 
 
 @njit(**_INLINE)
-def chunk_q6_k(row, c):  # noqa: ANN001, ANN201
-    o, q = (c >> 2) * 210, c & 3
+def head_q6_k(row, o):  # noqa: ANN001, ANN201
+    return half_at(row, o + 208)
+
+
+@njit(**_INLINE)
+def part_q6_k(row, o, q, d):  # noqa: ANN001, ANN201
     n, s = q >> 1, 4 * (q & 1)  # weights 128 n + 64 (q & 1) + 0..63
     lo0, lo1 = load_u8x32(row, o + 64 * n), load_u8x32(row, o + 64 * n + 32)
     h = load_u8x32(row, o + 128 + 32 * n)
     a = bor(band(shr(lo0, s), 15), shl(band(shr(h, s), 3), 4))
     b = bor(band(shr(lo1, s), 15), shl(band(shr(h, s + 2), 3), 4))
-    scales = scales_i8x4(row, o + 192 + 4 * q, _half(row, o + 208))  # d times 4 int8 scales
+    scales = scales_i8x4(row, o + 192 + 4 * q, d)  # d times 4 int8 scales
     return cat(a, b), scales, zeros_f32x16()
+
+
+@njit(**_INLINE)
+def chunk_q2_k(row, c):  # noqa: ANN001, ANN201
+    o = (c >> 2) * 84
+    return part_q2_k(row, o, c & 3, head_q2_k(row, o))
+
+
+@njit(**_INLINE)
+def chunk_q3_k(row, c):  # noqa: ANN001, ANN201
+    o = (c >> 2) * 110
+    return part_q3_k(row, o, c & 3, head_q3_k(row, o))
+
+
+@njit(**_INLINE)
+def chunk_q4_k(row, c):  # noqa: ANN001, ANN201
+    o = (c >> 2) * 144
+    return part_q4_k(row, o, c & 3, head_q4_k(row, o))
+
+
+@njit(**_INLINE)
+def chunk_q5_k(row, c):  # noqa: ANN001, ANN201
+    o = (c >> 2) * 176
+    return part_q5_k(row, o, c & 3, head_q5_k(row, o))
+
+
+@njit(**_INLINE)
+def chunk_q6_k(row, c):  # noqa: ANN001, ANN201
+    o = (c >> 2) * 210
+    return part_q6_k(row, o, c & 3, head_q6_k(row, o))
