@@ -134,7 +134,7 @@ def test_hooks_run_through_pluggy_wrappers_and_ordering(pm):
         @forge.hookimpl(tryfirst=True)
         def forge_register_kernels(self, register):
             seen.append("first")
-            register("cpu_simd", "rms_norm", "*", "first-impl", priority=5)
+            register("cpu_simd", "rms_norm", "*", "first-impl", priority=50)
 
     class Plain:
         @forge.hookimpl
@@ -238,7 +238,7 @@ def test_kernel_priority_and_registering_plugin(pm):
         @forge.hookimpl
         def forge_register_kernels(self, register):
             register("cpu_simd", "matmul", "Q4_K", "faster-impl", priority=20)
-            register("cpu_simd", "rms_norm", "*", "norm-impl")
+            register("cpu_simd", "rms_norm", "*", "norm-impl", priority=20)
 
     pm.register(Faster(), "faster")
     win = pm.kernels.get("cpu_simd", "matmul", "Q4_K")

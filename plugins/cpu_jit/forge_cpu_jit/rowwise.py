@@ -1,0 +1,43 @@
+"""Compiled kernels of cpu_simd's per-row ops (`rowwise_op.py`): RMSNorm's scaling and RoPE.
+
+They do, element by element, the float32 operations of the NumPy ops in `forge_cpu_simd.ops`
+in the same order (no fused multiply-adds: numba contracts nothing without fastmath), so their
+results are bit-identical to NumPy's; what they save is NumPy's one call (and temporary array)
+per operation, which dominates for the few rows of a decode step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_NB = {"nogil": True, "cache": True, "error_model": "numpy"}
+
+
+@njit(**_NB)
+def scale_rows(x, sums, weight, eps, out):  # noqa: ANN001
+    """out[r] = x[r] * (1 / sqrt(sums[r] / D + eps)) * weight for x, out [R, D] (sums: each
+    row's sum of squares)."""
+    rows, d = x.shape
+    n = np.float32(d)
+    one = np.float32(1.0)
+    for r in range(rows):
+        s = one / np.sqrt(sums[r] / n + eps)
+        for i in range(d):
+            out[r, i] = x[r, i] * s * weight[i]
+
+
+@njit(**_NB)
+def rotate(x, cos, sin, neox):  # noqa: ANN001
+    """RoPE in place on x [T, H, D]: pair i of token t turned by cos[t, i], sin[t, i]; NeoX
+    pairs dim i with i + D/2 (of the rotated part), the original layout 2i with 2i + 1."""
+    tokens, heads, _ = x.shape
+    half = cos.shape[1]
+    for t in range(tokens):
+        for h in range(heads):
+            for i in range(half):
+                lo, hi = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                a, b = x[t, h, lo], x[t, h, hi]
+                c, s = cos[t, i], sin[t, i]
+                x[t, h, lo] = a * c - b * s
+                x[t, h, hi] = a * s + b * c
