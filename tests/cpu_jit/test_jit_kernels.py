@@ -82,6 +82,22 @@ def test_large_product_splits_over_threads(kernel):
         assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
 
 
+def test_fused_weights_run_as_one_job_give_each_weights_bits(kernel):
+    """A group large enough for the threads, whose chunks straddle its parts: each part's
+    columns are bit for bit what that weight gives alone, for 1 and several rows."""
+    rng = np.random.default_rng(11)
+    parts = [("Q5_0", 37), ("Q8_0", 300), ("Q5_0", 1003)]
+    raws = [random_raw(rng, t, n, 640) for t, n in parts]
+    prepared = [kernel.prepare(r, _info("w", t, 640, n, r)) for r, (t, n) in zip(raws, parts)]
+    group = kernel.fuse(prepared)
+    for rows in (1, 3, 20):
+        x = rng.standard_normal((rows, 640)).astype(np.float32)
+        for _ in range(2):  # the second call reuses the cached job
+            got = kernel(x, group)
+            alone = np.concatenate([kernel(x, p) for p in prepared], axis=1)
+            assert np.array_equal(got, alone)
+
+
 def test_fused_weights_of_types_that_round_alike(kernel):
     """Q/K/V of types Q5_0, Q5_0, Q8_0 (both Q8_0 activations): one group, outputs in order;
     a K-quant beside them rounds differently and is not fused."""

@@ -32,6 +32,7 @@ from forge_cpu_jit.simd import (
     as_f32_ptr,
     as_u8_ptr,
     bits_to_f32,
+    call_entry,
     load_bf16x16,
     load_f16x16,
     load_f32x16_bytes,
@@ -98,6 +99,19 @@ def entry_float(args, lo, hi):  # noqa: ANN001
     mm_float(raw, a[3], xf, out, a[9], lo, hi)
 
 
+def entry_group(args, lo, hi):  # noqa: ANN001
+    """Rows lo..hi of several products run as one job (`GROUP_ARGS`): part p's rows follow
+    those of the parts before it, each part run by its own entry on its own args."""
+    n = carray(args, 1)[0]
+    a = carray(args, 2 + 3 * n)
+    for p in range(n):
+        start = a[3 + 3 * p]
+        end = a[6 + 3 * p] if p + 1 < n else a[1 + 3 * n]
+        s, e = max(lo, start), min(hi, end)
+        if s < e:
+            call_entry(a[1 + 3 * p], a[2 + 3 * p], s - start, e - start)
+
+
 def entry_act_q8_0(args, lo, hi):  # noqa: ANN001
     """Activation rows lo..hi rounded to Q8_0 (`QUANT_ARGS`)."""
     a = carray(args, 8)
@@ -125,3 +139,4 @@ ENTRY_ARGS = "raw, rows, row bytes, xq, M, Kp, xs, xls, xsl, out, out columns, c
 FLOAT_ARGS = "raw, rows, row bytes, kind, xf, M, Kp, out, out columns, column 0"
 QUANT_ARGS = "x, M, K, xq, Kp, xs, xls, xsl"
 ROUND_ARGS = "x, M, K, xf, Kp, mode"
+GROUP_ARGS = "parts n, then per part its entry, its args and its first row, then all rows"

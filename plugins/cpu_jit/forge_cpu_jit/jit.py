@@ -193,6 +193,7 @@ class Activations:
             self.qentry = _entry("act_" + kind)
         self._qaddr = self.qargs.ctypes.data
         self._weights: dict[int, tuple[np.ndarray, int, int, int]] = {}
+        self._groups: dict[tuple[int, ...], tuple] = {}  # products() jobs, by their weights
 
     def quantize(self, x: np.ndarray) -> None:
         """Round x (float32 [rows, K], C-contiguous) into the buffers."""
@@ -222,12 +223,38 @@ class Activations:
         found = self._weights[key] = (args, entry, out_at, raw)
         return found
 
+    def products(self, parts: list[tuple[str, np.ndarray, int]], out: np.ndarray) -> None:
+        """Several products by these activations as one job on the threads: part (type, raw,
+        col0) into out[:, col0 : col0 + its rows]."""
+        if len(parts) == 1:
+            self.product(*parts[0][:2], out, parts[0][2])
+            return
+        key = tuple(id(raw) for _, raw, _ in parts)
+        found = self._groups.get(key)
+        if found is None or any(a is not b for a, b in zip(found[2], (r for _, r, _ in parts))):
+            fields, each, row = [len(parts)], [], 0
+            for type_name, raw, col0 in parts:
+                args, entry, at, _ = self._args(type_name, raw)
+                fields += [entry, args.ctypes.data, row]
+                each.append((args, at, col0))
+                row += raw.shape[0]
+            packed = np.array(fields + [row], np.int64)
+            found = self._groups[key] = (packed, each, [r for _, r, _ in parts], row)
+        packed, each, _, rows = found
+        oaddr, ocols = address(out), out.shape[1]
+        for args, at, col0 in each:
+            args[at], args[at + 1], args[at + 2] = oaddr, ocols, col0
+        self._run(_entry("group"), packed, rows)
+
     def product(self, type_name: str, raw: np.ndarray, out: np.ndarray, col0: int) -> None:
         """Every weight row of `raw` by these activations into out[:, col0 : col0 + rows],
         the rows shared by the threads."""
         args, entry, at, _ = self._args(type_name, raw)
         args[at], args[at + 1], args[at + 2] = address(out), out.shape[1], col0
-        rows = raw.shape[0]
+        self._run(entry, args, raw.shape[0])
+
+    def _run(self, entry: int, args: np.ndarray, rows: int) -> None:
+        """entry(args, lo, hi) over weight rows 0..rows, shared by the threads if large."""
         p = get_pool()
         if self.rows * rows * self.k < PARALLEL_MIN_MACS or p.threads == 1:
             pool.run_inline(entry, args.ctypes.data, rows)
@@ -285,6 +312,7 @@ def _exercise(type_name: str) -> None:
     raw = np.frombuffer(bytes(row_bytes * 4), np.uint8).reshape(4, row_bytes)  # read-only
     _entry("act_" + kind if kind.startswith("q8") else "act_round")
     _entry("float" if kind in FLOAT_MODE else type_name.lower())
+    _entry("group")  # fused weights run as one job
     for rows in (1, 2):  # one activation row (decode) and several (prefill, batches)
         x = np.zeros((rows, k), np.float32)
         bufs = act_buffers(rows, k, kind)

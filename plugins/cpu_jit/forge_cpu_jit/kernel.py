@@ -204,6 +204,5 @@ class JitMatmul:
         act = jit.activations(rows, k, jit.ACT_KIND[parts[0].type])
         act.quantize(x)
         out = np.empty((rows, w.n), np.float32)
-        for p, start in zip(parts, offsets):
-            act.product(p.type, p.raw, out, start)
+        act.products([(p.type, p.raw, start) for p, start in zip(parts, offsets)], out)
         return out
