@@ -56,7 +56,7 @@ def test_rope_bits_equal_numpy_in_place(neox, half):
 
 def test_registered_above_numpy_and_builtin_forces_numpy():
     kernels = get_plugin_manager().kernels
-    for op in ("rms_norm", "rope"):
+    for op in ("rms_norm", "rope", "gelu_tanh", "silu"):
         won = kernels.get("cpu_simd", op, "*")
         assert won.plugin == "forge_cpu_jit.plugin" and won.priority > 0
         assert won.impl.batch_invariant
@@ -93,3 +93,18 @@ def test_missing_numba_falls_back_silently(monkeypatch, recwarn):
     want = ops.rope(x.copy(), cos, sin, True)
     assert np.array_equal(CompiledRope()(x, cos, sin, True), want)
     assert not [r for r in recwarn if "unavailable" in str(r.message)]
+
+
+@pytest.mark.parametrize("op", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("shape", [(1, 2048), (7, 512), (3, 2, 96)])
+def test_activations_bits_equal_numpy(op, shape):
+    rng = np.random.default_rng(shape[-1])
+    compiled = {"gelu_tanh": rowwise_op.CompiledGeluTanh, "silu": rowwise_op.CompiledSilu}[op]()
+    for scale in (0.01, 1.0, 8.0, 60.0):  # into tanh/exp saturation and overflow
+        x = _rows(rng, shape, scale)
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf for both, as it should
+            got, want = compiled(x), getattr(ops, op)(x)
+        assert got.shape == x.shape and got.dtype == np.float32
+        assert np.array_equal(got, want)
+    strided = _rows(rng, (4, 2 * shape[-1]))[:, : shape[-1]]  # a column slice, as after a split
+    assert np.array_equal(compiled(strided), getattr(ops, op)(strided))

@@ -41,3 +41,34 @@ def rotate(x, cos, sin, neox):  # noqa: ANN001
                 c, s = cos[t, i], sin[t, i]
                 x[t, h, lo] = a * c - b * s
                 x[t, h, hi] = a * s + b * c
+
+
+@njit(**_NB)
+def gelu_inner(x, out):  # noqa: ANN001
+    """out = c * (x + 0.044715 * x * x * x), c = sqrt(2 / pi): the argument of GELU's tanh."""
+    c, a = np.float32(0.7978845608028654), np.float32(0.044715)
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = c * (v + a * v * v * v)
+
+
+@njit(**_NB)
+def gelu_outer(x, t):  # noqa: ANN001
+    """t = 0.5 * x * (1 + t) in place, t holding tanh of `gelu_inner`'s result."""
+    half, one = np.float32(0.5), np.float32(1.0)
+    for i in range(x.shape[0]):
+        t[i] = half * x[i] * (one + t[i])
+
+
+@njit(**_NB)
+def negate(x, out):  # noqa: ANN001
+    for i in range(x.shape[0]):
+        out[i] = -x[i]
+
+
+@njit(**_NB)
+def silu_outer(x, e):  # noqa: ANN001
+    """e = x / (1 + e) in place, e holding exp(-x)."""
+    one = np.float32(1.0)
+    for i in range(x.shape[0]):
+        e[i] = x[i] / (one + e[i])

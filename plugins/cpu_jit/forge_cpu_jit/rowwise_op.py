@@ -1,11 +1,13 @@
-"""cpu_simd's "rms_norm" and "rope" ops, compiled (rowwise.py) and bit-identical to NumPy's.
+"""cpu_simd's "rms_norm", "rope", "gelu_tanh" and "silu" ops, compiled (rowwise.py) and
+bit-identical to NumPy's.
 
 Each op object takes the arguments of the NumPy op of the same name (`forge_cpu_simd.ops`) and
 returns exactly what it returns: RMSNorm's sums of squares still come from the NumPy op's own
-`einsum` (whose summation order depends on NumPy's build and CPU), only the elementwise work is
-compiled. A decode step calls these ops about 150 times; NumPy's chain of small calls cost
-~15 us each in a step's context, the compiled ones a few. numba is imported on first use; if it
-cannot be, or the kernels fail to compile, forge says so once and the NumPy ops run.
+`einsum` (whose summation order depends on NumPy's build and CPU), and the activations' tanh and
+exp from NumPy's own functions; only the arithmetic around them is compiled. A decode step calls
+these ops about 160 times; NumPy's chain of small calls cost ~15 us each in a step's context,
+the compiled ones a few. numba is imported on first use; if it cannot be, or the kernels fail
+to compile, forge says so once and the NumPy ops run.
 """
 
 from __future__ import annotations
@@ -72,3 +74,45 @@ class CompiledRope:
         kernels.rotate(x, np.ascontiguousarray(cos, np.float32),
                        np.ascontiguousarray(sin, np.float32), bool(neox))  # fmt: skip
         return x
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+class CompiledGeluTanh:
+    """The "gelu_tanh" op: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
+    batch_invariant = True
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        kernels = _compiled()
+        if kernels is None or x.dtype != np.float32:
+            from forge_cpu_simd import ops
+
+            return ops.gelu_tanh(x)
+        flat, out = _flat(x), np.empty(x.shape, np.float32)
+        t = out.reshape(-1)
+        kernels.gelu_inner(flat, t)
+        np.tanh(t, out=t)
+        kernels.gelu_outer(flat, t)
+        return out
+
+
+class CompiledSilu:
+    """The "silu" op: x / (1 + exp(-x))."""
+
+    batch_invariant = True
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        kernels = _compiled()
+        if kernels is None or x.dtype != np.float32:
+            from forge_cpu_simd import ops
+
+            return ops.silu(x)
+        flat, out = _flat(x), np.empty(x.shape, np.float32)
+        e = out.reshape(-1)
+        kernels.negate(flat, e)
+        np.exp(e, out=e)
+        kernels.silu_outer(flat, e)
+        return out
