@@ -359,8 +359,10 @@ class _Progress:
                 sys.stderr.write("\n")
 
 
-def compile_types(type_names) -> dict[str, bool | str]:  # noqa: ANN001
-    """Make the kernels of these weight types ready; returns {type: True or error text}."""
+def compile_types(type_names, also=()) -> dict[str, bool | str]:  # noqa: ANN001
+    """Make the kernels of these weight types ready; returns {type: True or error text}.
+    `also`: callables that compile other kernels, run once under the same progress line when
+    types are compiled (they report their own failures)."""
     with _lock:
         todo = sorted({t for t in type_names if t in ACT_KIND and t not in _state})
         if todo:
@@ -373,6 +375,8 @@ def compile_types(type_names) -> dict[str, bool | str]:  # noqa: ANN001
                     except Exception as exc:  # a numba or LLVM failure: NumPy takes over
                         _state[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                     progress.step()
+                for warm in also:
+                    warm()
             finally:
                 progress.close()
         return {t: _state.get(t, "not a compiled type") for t in type_names}

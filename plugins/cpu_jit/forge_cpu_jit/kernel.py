@@ -139,8 +139,10 @@ class JitMatmul:
         jit = _jit()
         if jit is None:
             return
+        from forge_cpu_jit import rowwise_op
+
         ready = False
-        for name, state in jit.compile_types(type_names).items():
+        for name, state in jit.compile_types(type_names, also=[rowwise_op.warm]).items():
             if state is not True and name in TYPES:
                 say_once(
                     f"compile-{name}",

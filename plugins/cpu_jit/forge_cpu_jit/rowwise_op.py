@@ -19,16 +19,27 @@ from forge_cpu_jit.kernel import say_once
 _kernels = None  # forge_cpu_jit.rowwise once compiled, False when it cannot be
 
 
+def warm() -> None:
+    """Compile (or load from the cache) the kernels now, not on the first call."""
+    _compiled()
+
+
 def _compiled():  # noqa: ANN202
     global _kernels
     if _kernels is None:
         try:
             from forge_cpu_jit import rowwise
 
-            x = np.zeros((1, 1, 4), np.float32)  # compile (or load from the cache) now, once
+            x = np.zeros((1, 1, 4), np.float32)  # compile (or load from the cache) now, once:
+            # contiguous arrays, and head views of a fused Q/K/V output for RoPE
             rowwise.scale_rows(x[0], np.ones(1, np.float32), np.ones(4, np.float32),
                                np.float32(1e-6), x[0].copy())  # fmt: skip
-            rowwise.rotate(x, np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32), True)
+            cos, sin = np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32)
+            rowwise.rotate(x, cos, sin, True)
+            rowwise.rotate(np.zeros((1, 8), np.float32)[:, :4].reshape(1, 1, 4), cos, sin, True)
+            flat = x.reshape(-1)
+            for fn in (rowwise.gelu_inner, rowwise.gelu_outer, rowwise.negate, rowwise.silu_outer):
+                fn(flat, flat.copy())
             _kernels = rowwise
         except ImportError:  # numba missing: the matmul kernel already said so
             _kernels = False
