@@ -104,8 +104,8 @@ def test_failed_compile_falls_back_to_numpy_once(monkeypatch, golden_dir):
     monkeypatch.setattr(kernel, "_said", set())
     real = jit.compile_types
 
-    def failing(types):
-        found = real(types)
+    def failing(types, also=()):
+        found = real(types, also)
         return {t: ("LoweringError: injected" if t == "Q8_0" else s) for t, s in found.items()}
 
     monkeypatch.setattr(jit, "compile_types", failing)
