@@ -117,3 +117,19 @@ def test_a_model_runs_on_each_format_close_to_the_float32_cache(reference, k, v,
         assert model.runner.k_cache[0].fmt is fk and model.runner.v_cache[0].fmt is fv
     mx, mean = logit_errors(got, ref)
     assert 0 < mx <= bound[0] and mean <= bound[1], (mx, mean)  # changed, and close
+
+
+def test_float32_reads_of_consecutive_slots_are_read_only_views():
+    rng = np.random.default_rng(5)
+    cache = KvArray(KvFormat.F32, 64, 2, 32)
+    values = rng.standard_normal((64, 2, 32)).astype(np.float32)
+    cache.write(np.arange(64), values)
+    run = cache.read(np.arange(10, 40))
+    assert np.shares_memory(run, cache.values) and not run.flags.writeable
+    assert np.array_equal(run, values[10:40])
+    with pytest.raises(ValueError):
+        run[0] = 0.0  # the cache cannot be changed through a read
+    for slots in (np.array([3, 4, 6]), np.array([5, 4, 3]), np.array([7]), np.array([[1, 2]])):
+        got = cache.read(slots)  # gaps, reversed, one slot, 2-D: copies
+        assert not np.shares_memory(got, cache.values)
+        assert np.array_equal(got, values[slots])

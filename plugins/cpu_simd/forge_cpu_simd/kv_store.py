@@ -72,10 +72,16 @@ class KvArray:
             self.values[slots], self.scales[slots] = q, d
 
     def read(self, slots: np.ndarray) -> np.ndarray:
-        """The values at `slots` (any shape S) as float32 [*S, heads, dim]."""
+        """The values at `slots` (any shape S) as float32 [*S, heads, dim]: for consecutive
+        slots of a float32 cache a read-only view, else a copy."""
         fmt = self.fmt
         if fmt is KvFormat.F32:
-            return self.values[slots]
+            run = _consecutive(slots)
+            if run is None:
+                return self.values[slots]
+            view = self.values[run]
+            view.flags.writeable = False
+            return view
         if fmt is KvFormat.F16:
             return self.values[slots].astype(np.float32)
         if fmt is KvFormat.BF16:
@@ -90,6 +96,17 @@ class KvArray:
             q[..., 1::2] = (packed >> 4).astype(np.float32) - 8
         blocks = q.reshape(*q.shape[:-1], self.dim // QK, QK) * d[..., None]
         return blocks.reshape(q.shape)
+
+
+def _consecutive(slots: np.ndarray) -> slice | None:
+    """slots[0] .. slots[-1] as a slice when `slots` (1-D) counts up by one, else None (a
+    sequence's cache blocks are usually allocated in order, so its keys are one run)."""
+    if slots.ndim != 1 or len(slots) < 2:
+        return None
+    first, last = int(slots[0]), int(slots[-1])
+    if last - first != len(slots) - 1 or not (np.diff(slots) == 1).all():
+        return None
+    return slice(first, last + 1)
 
 
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
