@@ -32,6 +32,9 @@ class KernelTable:
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, str, str], list[KernelSpec]] = {}
+        # set by batch_invariant(): backends whose launch plans choose reduction orders by the
+        # batch (hip) fix them while it is set
+        self.invariant = False
 
     def add(self, spec: KernelSpec) -> None:
         self._by_key.setdefault((spec.backend, spec.op, spec.weight_type), []).append(spec)
@@ -73,6 +76,7 @@ class KernelTable:
                 if getattr(spec.impl, "batch_invariant", False):
                     spec = dataclasses.replace(spec, priority=spec.priority + INVARIANT_BOOST)
                 table.add(spec)
+        table.invariant = True
         return table
 
     def builtin_only(self, owners: dict[str, str]) -> KernelTable:
@@ -85,4 +89,5 @@ class KernelTable:
                 owner = owners.get(spec.backend)
                 if owner is None or spec.plugin == owner:
                     table.add(spec)
+        table.invariant = self.invariant
         return table
