@@ -85,7 +85,10 @@ class Products:
     Switches for experiments and tests (the defaults are the plan's): `round_prefill` (prefill
     products round activations like llama.cpp's; off: float math everywhere), `mmq`,
     `quant_norm`, `fuse_norm`, `gemm_rows` / `mvq_lanes` (fixed instead of chosen), and `tune`
-    (the launch knobs, `forge_hip.tuning`)."""
+    (the launch knobs, `forge_hip.tuning`). `invariant`: the paths and reduction orders do not
+    depend on the row count (`forge_hip.invariance`)."""
+
+    invariant = False
 
     def __init__(self, kernels: KernelTable, ops: dict[str, Kernel], lib: KernelLibrary,
                  arena: WeightArena, ws: Workspace, launch: Launcher, warp: int,
@@ -209,11 +212,11 @@ class Products:
         for r0 in range(0, rows, t.mmq_launch_rows):
             n = min(t.mmq_launch_rows, rows - r0)
             if norm is not None and norm.suffix == "q":  # (norm_quantizable: one launch)
-                xg = self._add_norm_quant(norm, rows, k, need)
+                xg = self._add_norm_quant(norm, n, k, need, r0)
             else:
                 xg = self._quantize_x(self.descs[first][DESC["X"]] + 4 * r0 * k, k, n, need)
             mt, halves = mmq_shape(n)
-            ks = mmq_ks(k, types, ns, cus, halves, tune=t)
+            ks = self._ks(k, types, ns, halves)
             items = mmq_items(ns, ks)
             grid = (even_grid(items, t.mmq_blocks_per_cu * cus // halves), halves)
             tail = [k, need, items, ks]
@@ -224,10 +227,20 @@ class Products:
                 self.launch(self.lib.get(f"mmq_glu_m{mt}"), grid, (MVQ_THREADS,),
                             [descs, first, n, r0, xg, *tail, act, pf])  # fmt: skip
 
-    def _add_norm_quant(self, norm: Fused, rows: int, k: int, need: int) -> int:
-        """The add_norm of `norm` ("q") over `rows` rows, x quantized into ws.xq (add_norm_quant,
-        mvq_quant's layout); ws.xq."""
+    def _ks(self, k: int, types: list[str], ns: list[int], halves: int) -> int:
+        """Warps of an mmq block splitting a row group's chunks (tuning.mmq_ks)."""
+        return mmq_ks(k, types, ns, self.lib.runtime.props.compute_units, halves, tune=self.tune)
+
+    def _lanes(self, types: list[str], k: int, rows: int, n: int, pair: bool) -> int:
+        """Lanes per weight row of a decode product (tuning.mvq_lanes)."""
+        cus = self.lib.runtime.props.compute_units
+        return mvq_lanes(types, k, rows, n, pair, cus, tune=self.tune)
+
+    def _add_norm_quant(self, norm: Fused, rows: int, k: int, need: int, r0: int = 0) -> int:
+        """The add_norm of `norm` ("q") over rows r0 .. r0 + rows - 1, x quantized into ws.xq
+        (add_norm_quant, mvq_quant's layout for those rows); ws.xq."""
         x, o, w_post, w_next, eps = norm.args
+        x, o = x + 4 * r0 * k, o + 4 * r0 * k if o else 0
         self.launch(self.lib.get("add_norm_quant"), (rows,), (anq_threads(k, self.tune),),
                     [x, o, w_post, w_next, 0, self.ws.xq, k, need, eps])  # fmt: skip
         return self.ws.xq
@@ -265,7 +278,7 @@ class Products:
         need = mvq_need(types)
         cus = self.lib.runtime.props.compute_units
         n = max(p.n for p in mats)
-        g = self.mvq_lanes or mvq_lanes(types, k, block_rows, n, act is not None, cus, tune=t)
+        g = self.mvq_lanes or self._lanes(types, k, block_rows, n, act is not None)
         rb = MVQ_THREADS // g
         items = sum(-(-p.n // rb) for p in (mats[:1] if act is not None else mats))
         most = max(1, t.mvq_blocks * cus // c)
