@@ -78,9 +78,11 @@ class Config(BaseModel):
     # the compiled kernels of forge_cpu_jit)
     kernels: Literal["auto", "builtin"] = "auto"
     # true: ops that have a batch-invariant kernel (a row's result independent of the other rows
-    # of its step; on cpu_simd the compiled attention of forge_cpu_jit) run it, so a request's
-    # tokens do not depend on what else the server runs. Off by default: on the default model
-    # it moves the logits within llama.cpp's rounding noise but past the golden bound.
+    # of its step; on cpu_simd the compiled attention of forge_cpu_jit) run it, and hip fixes its
+    # launch plan's per-row reduction orders (forge_hip.invariance), so a request's tokens do not
+    # depend on what else the server runs. Off by default: on the default model it moves the
+    # logits within llama.cpp's rounding noise but past the golden bound (cpu_simd), and on hip
+    # it slows one-sequence decode by a third to a half.
     batch_invariant: bool = False
     # tokens generated when a request, flag or call does not say (CLI, Python API and server
     # alike); -1 = until an end-of-generation token or the context is full

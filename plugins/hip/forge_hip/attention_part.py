@@ -96,9 +96,12 @@ class Attentions:
 
     def run(self, i: int, a: AttentionLaunches, rows: int, splits: int, meta, kv,
             decode: bool, norm: Fused | None) -> None:  # fmt: skip
-        """Layer i's attention: ws.h (or the fused add_norm's) -> Q/K/V -> ws.attn -> ws.o."""
+        """Layer i's attention: ws.h (or the fused add_norm's) -> Q/K/V -> ws.attn -> ws.o.
+        Batch-invariant products (`forge_hip.invariance`): attn_rows over one split, always."""
         s, ws, op, L = self.spec, self.ws, self.op, self.products.launch
-        ls = s.layers[i]
+        ls, inv = s.layers[i], self.products.invariant
+        if inv:  # every row over its positions in one block: attn_rows, one split
+            splits, decode = 1, False
         kc, vc = kv.layer(i)
         self.products.matmul(a.qkv, 3, rows, norm)
         rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, a.rope_freqs,
@@ -114,7 +117,8 @@ class Attentions:
             L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, kc, vc, s.n_head,
                s.n_head_kv, s.head_dim, s.head_dim_v, *rope, kv.format_id])  # fmt: skip
-            if rows <= self.products.tune.att_rows_max or not self.prefill(i, a, rows, meta, kv):
+            short = rows <= self.products.tune.att_rows_max
+            if short or inv or not self.prefill(i, a, rows, meta, kv):
                 L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),
                   [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml,
                    ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim, s.head_dim_v, *att,

@@ -22,13 +22,9 @@ from forge_hip.attention_part import AttentionLaunches, Attentions
 from forge_hip.dense_ffn import DenseFFNs
 from forge_hip.executor import Launcher
 from forge_hip.experts import Experts
-from forge_hip.library import (
-    BUILTIN_OPS,
-    SAMPLE_THREADS,
-    KernelLibrary,
-    attn_decode_width,
-)
-from forge_hip.products import NORM_THREADS, Fused, Products
+from forge_hip.invariance import products_for
+from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary, attn_decode_width
+from forge_hip.products import NORM_THREADS, Fused
 from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
 from forge_hip.workspace import PART_ROWS, Workspace
 
@@ -53,7 +49,8 @@ class Plan:
             self.op["attn_decode"] = lib.get(f"attn_decode_w{width}")
         self.feed_ids = lib.get("feed_ids")
         self.mask_logits = lib.get("mask_logits")
-        self.products = p = Products(kernels, self.op, lib, arena, ws, launch, warp, tune)
+        make = products_for(kernels)  # (forge_hip.invariance: batch_invariant's, or the default)
+        self.products = p = make(kernels, self.op, lib, arena, ws, launch, warp, tune)
         experts = isinstance(spec.ffn, ExpertFFN)
         self.ffns = Experts(spec, p, lib, ws) if experts else DenseFFNs(spec, p, ws)
         self.attention, self.ffn = [], []

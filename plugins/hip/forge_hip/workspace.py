@@ -57,8 +57,9 @@ def buffer_sizes(spec: ModelSpec, n_desc: int, tune: Tuning = DEFAULT) -> dict[s
         "smp_cnt": 4 * o,  # sample_rows' slice counters (zero between launches)
         "descs": 8 * DESC_LEN * n_desc,
         "descs_p": 8 * DESC_LEN * n_desc,  # the same, reading rounded activations (prefill)
-        # int8 x of decode products (mmv.hip, 32 rows) and of mmq.hip launches (64 rows)
-        "xq": 2 * (64 * widest + 16 * widest),
+        # int8 x of mmq.hip launches (64 rows) and of mmv.hip products (every row of a pass:
+        # batch-invariant passes keep types mmq.hip does not take on mmv.hip past 64 rows)
+        "xq": mvq_xbytes(3, r, widest),
         **expert_buffer_sizes(spec),
     }
 
