@@ -76,3 +76,16 @@ def test_default_plan_picks_kernels_by_row_count(golden_dir):
     long, one, eight = _passes(runner, rt)
     assert len({frozenset(long), frozenset(one), frozenset(eight)}) == 3
     assert not runner.plan.products.invariant
+
+
+def test_a_mixture_of_experts_under_batch_invariant_says_its_experts_are_not_covered(
+    golden_dir, recwarn
+):
+    kernels = get_plugin_manager().kernels.batch_invariant()
+    _runner(golden_dir, "qwen3moe-q8_0.gguf", kernels)
+    said = [str(w.message) for w in recwarn if "expert layers" in str(w.message)]
+    assert len(said) == 1 and "batch_invariant" in said[0]
+    recwarn.clear()
+    _runner(golden_dir, "qwen3moe-q8_0.gguf", get_plugin_manager().kernels)  # default: silent
+    _runner(golden_dir, "llama-q8_0.gguf", kernels)  # dense: covered, silent
+    assert not [w for w in recwarn if "expert layers" in str(w.message)]

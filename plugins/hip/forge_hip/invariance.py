@@ -29,6 +29,9 @@ twin -52% for one (mmq.hip takes one row at half the speed of mmv.hip's r1 kerne
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 from forge.kernels import KernelTable
 from forge_hip.library import BUILTIN_MATMUL, ROUND_MODE
 from forge_hip.products import Products
@@ -39,6 +42,17 @@ from forge_hip.workspace import ROW_CAP
 def wants_invariance(kernels: KernelTable) -> bool:
     """Whether the kernel table is the one the config key batch_invariant runs."""
     return bool(getattr(kernels, "invariant", False))
+
+
+def warn_if_uncovered(kernels: KernelTable, experts: bool) -> None:
+    """Say so when batch_invariant is asked of a mixture of experts, whose expert layers this
+    module does not cover (their results still depend on the other rows of a pass)."""
+    if experts and wants_invariance(kernels):
+        text = ("forge hip: batch_invariant covers the attention and dense products of this "
+                "mixture-of-experts model, not its expert layers: its tokens may still depend "
+                "on what else runs beside them")  # fmt: skip
+        logging.getLogger("forge.hip").warning("%s", text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def products_for(kernels: KernelTable) -> type[Products]:

@@ -22,7 +22,7 @@ from forge_hip.attention_part import AttentionLaunches, Attentions
 from forge_hip.dense_ffn import DenseFFNs
 from forge_hip.executor import Launcher
 from forge_hip.experts import Experts
-from forge_hip.invariance import products_for
+from forge_hip.invariance import products_for, warn_if_uncovered
 from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary, attn_decode_width
 from forge_hip.products import NORM_THREADS, Fused
 from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
@@ -52,6 +52,7 @@ class Plan:
         make = products_for(kernels)  # (forge_hip.invariance: batch_invariant's, or the default)
         self.products = p = make(kernels, self.op, lib, arena, ws, launch, warp, tune)
         experts = isinstance(spec.ffn, ExpertFFN)
+        warn_if_uncovered(kernels, experts)
         self.ffns = Experts(spec, p, lib, ws) if experts else DenseFFNs(spec, p, ws)
         self.attention, self.ffn = [], []
         self.attentions = Attentions(spec, p, lib, ws, self.op, warp)
