@@ -1,12 +1,16 @@
-"""GPU fixtures: one runtime and kernel library per session, skipped visibly without a GPU."""
+"""GPU fixtures: one runtime and kernel library per session, skipped visibly without a GPU, and
+the default model's shape twin."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from forge.errors import BackendUnavailableError
+from tests.support.golden_rules import ROOT
 from tests.support.gpu_helpers import Dev
 
 
@@ -47,3 +51,15 @@ def dev(rt):
     d = Dev(rt)
     yield d
     d.free()
+
+
+@pytest.fixture(scope="session")
+def twin_path(tmp_path_factory):
+    """Random weights of the default model's shapes and types, built once per session."""
+    spec = ROOT / "benchmarks" / "specs" / "gemma3_270m.spec.json.gz"
+    out = tmp_path_factory.mktemp("twin") / "gemma3-270m-twin.gguf"
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gguf_twin.py"), "build", str(spec), str(out)],
+        check=True,
+    )
+    return str(out)

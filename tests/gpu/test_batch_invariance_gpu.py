@@ -7,17 +7,13 @@ golden bounds."""
 
 from __future__ import annotations
 
-import queue
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import forge
 from tests.gpu.test_golden_gpu import check_gpu
-from tests.support.batch_invariance import Sequences, prefill
-from tests.support.golden_rules import ROOT, golden_model_files
+from tests.support.batch_invariance import Sequences, alone_and_scheduled, prefill
+from tests.support.golden_rules import golden_model_files
 
 MODELS = golden_model_files()
 # sequence 0 past the 128 positions of one attention split, sequence 1 within them; 30 short
@@ -71,17 +67,6 @@ def test_logits_do_not_depend_on_the_batch_gpu(rt, golden_dir, model_file):
         model.runner.close()
 
 
-@pytest.fixture(scope="module")
-def twin_path(tmp_path_factory):
-    spec = ROOT / "benchmarks" / "specs" / "gemma3_270m.spec.json.gz"
-    out = tmp_path_factory.mktemp("twin") / "gemma3-270m-twin.gguf"
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gguf_twin.py"), "build", str(spec), str(out)],
-        check=True,
-    )
-    return str(out)
-
-
 def test_default_model_twin_logits_do_not_depend_on_the_batch_gpu(rt, twin_path):
     model = _load(twin_path)
     try:
@@ -106,8 +91,6 @@ def test_seeded_sampling_alone_equals_among_32_requests_gpu(rt, golden_dir):
     """32 requests (half greedy, half sampled with their own seed) through the scheduler, most
     arriving while the first ones decode (their prompts in passes beside decode rows): each
     gets the tokens it gets alone."""
-    from forge.scheduler import Finished, Scheduler
-
     model = _load(str(golden_dir / "models" / "qwen3-q4_k_m.gguf"))
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, model.n_vocab, size=int(n)).tolist()
@@ -115,26 +98,9 @@ def test_seeded_sampling_alone_equals_among_32_requests_gpu(rt, golden_dir):
     kws = [dict(temperature=0) if i % 2 else dict(temperature=0.9, top_k=40, top_p=0.95, seed=i)
            for i in range(32)]  # fmt: skip
     try:
-        alone = [model.complete(p, max_tokens=10, **kw).tokens for p, kw in zip(prompts, kws)]
-        sched = Scheduler(model, max_batch=32).start()
-        try:
-            queues = []
-            for i, (p, kw) in enumerate(zip(prompts, kws)):
-                q: queue.Queue = queue.Queue()
-                state = model.start(p, max_tokens=10, **kw)
-                sched.submit(state, q.put)
-                queues.append((q, state))
-                if i == 3:  # the others join while these four decode
-                    first = queues[0][0].get(timeout=60)
-                    assert not isinstance(first, Finished)
-                    queues[0][0].put(first)
-            for i, ((q, state), want) in enumerate(zip(queues, alone)):
-                while not isinstance(msg := q.get(timeout=60), Finished):
-                    pass
-                assert msg.finish_reason in ("stop", "length"), msg
-                assert state.generated == want, (i, kws[i])
-            assert sched.stats()["prompt_steps"] >= 2
-        finally:
-            sched.stop(5)
+        alone, scheduled, stats = alone_and_scheduled(model, prompts, kws, 10, 32, first=4)
+        for i, (got, want) in enumerate(zip(scheduled, alone)):
+            assert got == want, (i, kws[i])
+        assert stats["prompt_steps"] >= 2
     finally:
         model.runner.close()

@@ -5,8 +5,6 @@ twin (built here from benchmarks/specs with scripts/gguf_twin.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ import pytest
 import forge
 from tests.support.golden_rules import (
     BOUNDS,
-    ROOT,
     TIE,
     check_default_model,
     golden_model_files,
@@ -113,17 +110,6 @@ def test_default_model_gpu_vs_cpu(default_gpu, default_model_path, report):
     report.append(f"hip vs cpu_simd gemma3-270m: max {mx:.2e} mean {mean:.2e}")
     assert mx <= BOUNDS["quant"][0] and mean <= BOUNDS["quant"][1], (mx, mean)
     assert not greedy_mismatches(ours, [int(t) for t in np.argmax(ref, axis=1)])
-
-
-@pytest.fixture(scope="module")
-def twin_path(tmp_path_factory):
-    spec = ROOT / "benchmarks" / "specs" / "gemma3_270m.spec.json.gz"
-    out = tmp_path_factory.mktemp("twin") / "gemma3-270m-twin.gguf"
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gguf_twin.py"), "build", str(spec), str(out)],
-        check=True,
-    )
-    return str(out)
 
 
 def test_shape_twin_gpu_vs_cpu(rt, twin_path, report):

@@ -336,9 +336,7 @@ def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_di
     step started before the last one's tokens are read; batched results equal single ones
     (float32 weights: each row's math is batch-independent), greedy and seeded sampling, with
     requests arriving while others decode (prompts in passes beside fed decode rows)."""
-    import queue
-
-    from forge.scheduler import Finished, Scheduler
+    from tests.support.batch_invariance import alone_and_scheduled
 
     model = forge.load(str(golden_dir / "models" / "llama-f32.gguf"), backend="hip", n_ctx=512)
     prompts = ["The capital of France is", "Once upon a time", "def add(a, b):", "1, 2, 3,",
@@ -346,27 +344,9 @@ def test_scheduler_on_a_worker_thread_batches_like_single_requests(rt, golden_di
     kws = [dict(temperature=0) if i % 3 else dict(temperature=0.8, top_k=20, seed=i)
            for i in range(len(prompts))]  # fmt: skip
     try:
-        single = [model.complete(p, max_tokens=12, **kw).tokens for p, kw in zip(prompts, kws)]
-        sched = Scheduler(model, max_batch=8).start()
-        try:
-            queues = []
-            for i, (p, kw) in enumerate(zip(prompts, kws)):
-                q: queue.Queue = queue.Queue()
-                state = model.start(p, max_tokens=12, **kw)
-                sched.submit(state, q.put)
-                queues.append((q, state))
-                if i == 1:  # the rest join while these two decode
-                    first = queues[0][0].get(timeout=60)
-                    assert not isinstance(first, Finished)
-                    queues[0][0].put(first)
-            for (q, state), want in zip(queues, single):
-                while not isinstance(msg := q.get(timeout=60), Finished):
-                    pass
-                assert msg.finish_reason in ("stop", "length"), msg
-                assert state.generated == want
-            assert sched.stats()["prompt_steps"] >= 2
-        finally:
-            sched.stop(5)
+        single, batched, stats = alone_and_scheduled(model, prompts, kws, 12, 8, first=2)
+        assert batched == single
+        assert stats["prompt_steps"] >= 2
     finally:
         model.runner.close()
 

@@ -1,8 +1,11 @@
 """Batch-invariance checks on a loaded model (any backend), shared by the GPU tests and the device
 probe: one prompt whole and in chunks, one sequence's decode step alone and among others (their
-number, order and kind: decode rows or another prompt's chunk)."""
+number, order and kind: decode rows or another prompt's chunk), requests alone and through the
+scheduler."""
 
 from __future__ import annotations
+
+import queue
 
 import numpy as np
 
@@ -68,3 +71,35 @@ class Sequences:
 
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max())
+
+
+def alone_and_scheduled(model, prompts: list, kws: list[dict], max_tokens: int, max_batch: int,
+                        first: int) -> tuple[list, list, dict]:  # fmt: skip
+    """Each request (prompt, sampling keywords) completed alone, then all through a scheduler
+    thread, the requests after the first `first` submitted while those decode (their prompts
+    in passes beside decode rows). Returns (tokens alone, tokens scheduled, scheduler stats);
+    asserts every scheduled request ended by "stop" or "length"."""
+    from forge.scheduler import Finished, Scheduler
+
+    alone = [model.complete(p, max_tokens=max_tokens, **kw).tokens for p, kw in zip(prompts, kws)]
+    sched = Scheduler(model, max_batch=max_batch).start()
+    try:
+        queues = []
+        for i, (p, kw) in enumerate(zip(prompts, kws)):
+            q: queue.Queue = queue.Queue()
+            state = model.start(p, max_tokens=max_tokens, **kw)
+            sched.submit(state, q.put)
+            queues.append((q, state))
+            if i == first - 1:  # the rest join while these decode
+                head = queues[0][0].get(timeout=60)
+                assert not isinstance(head, Finished)
+                queues[0][0].put(head)
+        scheduled = []
+        for q, state in queues:
+            while not isinstance(msg := q.get(timeout=60), Finished):
+                pass
+            assert msg.finish_reason in ("stop", "length"), msg
+            scheduled.append(state.generated)
+        return alone, scheduled, sched.stats()
+    finally:
+        sched.stop(5)
