@@ -87,43 +87,43 @@ class CompiledRope:
         return x
 
 
-def _flat(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x).reshape(-1)
+class _CompiledActivation:
+    """An elementwise activation op: NumPy's op of the same `name` when the kernels are not
+    there, else `_apply(kernels, x, out)` on the flattened arrays."""
+
+    batch_invariant = True
+    name = ""
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        kernels = _compiled()
+        if kernels is None or x.dtype != np.float32:
+            from forge_cpu_simd import ops
+
+            return getattr(ops, self.name)(x)
+        out = np.empty(x.shape, np.float32)
+        self._apply(kernels, np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+        return out
 
 
-class CompiledGeluTanh:
+class CompiledGeluTanh(_CompiledActivation):
     """The "gelu_tanh" op: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
-    batch_invariant = True
+    name = "gelu_tanh"
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        kernels = _compiled()
-        if kernels is None or x.dtype != np.float32:
-            from forge_cpu_simd import ops
-
-            return ops.gelu_tanh(x)
-        flat, out = _flat(x), np.empty(x.shape, np.float32)
-        t = out.reshape(-1)
-        kernels.gelu_inner(flat, t)
+    @staticmethod
+    def _apply(kernels, x: np.ndarray, t: np.ndarray) -> None:  # noqa: ANN001
+        kernels.gelu_inner(x, t)
         np.tanh(t, out=t)
-        kernels.gelu_outer(flat, t)
-        return out
+        kernels.gelu_outer(x, t)
 
 
-class CompiledSilu:
+class CompiledSilu(_CompiledActivation):
     """The "silu" op: x / (1 + exp(-x))."""
 
-    batch_invariant = True
+    name = "silu"
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        kernels = _compiled()
-        if kernels is None or x.dtype != np.float32:
-            from forge_cpu_simd import ops
-
-            return ops.silu(x)
-        flat, out = _flat(x), np.empty(x.shape, np.float32)
-        e = out.reshape(-1)
-        kernels.negate(flat, e)
+    @staticmethod
+    def _apply(kernels, x: np.ndarray, e: np.ndarray) -> None:  # noqa: ANN001
+        kernels.negate(x, e)
         np.exp(e, out=e)
-        kernels.silu_outer(flat, e)
-        return out
+        kernels.silu_outer(x, e)
