@@ -121,12 +121,33 @@ SHARE_GROUPS = {
 }
 
 
-def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100) -> dict:
+def slot_groups(launches: list[tuple[str, tuple]], n_layer: int) -> dict:
+    """Groups of one launch slot of every layer: a kernel launched j times a layer makes the
+    groups "<kernel>[i] grid (..)", i < j, each its i-th launch of every layer (the launches
+    past j n_layer, such as the output head, in none). Kernels launched fewer than n_layer
+    times are left out."""
+    seen: dict[str, list[int]] = {}
+    for i, (name, _) in enumerate(launches):
+        seen.setdefault(name, []).append(i)
+    groups = {}
+    for name, idx in seen.items():
+        per = len(idx) // n_layer
+        for j in range(per):
+            members = {idx[layer * per + j] for layer in range(n_layer)}
+            label = f"{name}[{j}] grid {tuple(launches[idx[j]][1])}"
+            groups[label] = lambda _name, i, _n, m=frozenset(members): i in m
+    return groups
+
+
+def decode_shares(
+    runner, table: np.ndarray | list[np.ndarray], reps: int = 100, by_slot: bool = False
+) -> dict:
     """Microseconds of a replayed decode step (one sequence per block table; a list: a batch),
     whole and with each kernel group left out of the captured graph: what each group costs
     inside the graph, gaps included (event timings around single launches cannot tell that).
     The step's numbers are wrong without a group; only its time is used. Groups a step does
-    not launch are left out of the result."""
+    not launch are left out of the result. by_slot: the groups of slot_groups as well (each
+    launch slot of a layer on its own)."""
     from forge.backend import SeqBatch
 
     plan, launcher, rt, stream = runner.plan, runner.launch, runner.rt, runner.stream
@@ -134,10 +155,14 @@ def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100)
     batch = [SeqBatch(np.array([7], np.int32), 128, t) for t in tables]
     rows, _, n_bt = runner._prepare(batch)
     runner.meta.upload(n_bt, stream)
-    names: list[str] = []
-    plan.launch = lambda k, g, b, a: names.append(k.name)
+    launches: list[tuple[str, tuple]] = []
+    plan.launch = lambda k, g, b, a: launches.append((k.name, tuple(g)))
     runner._decode_step(rows)  # records the launch order only
+    names = [name for name, _ in launches]
     n = len(names)
+    groups = dict(SHARE_GROUPS)
+    if by_slot:
+        groups |= slot_groups(launches, runner.spec.n_layer)
 
     def step_us(leave_out, twice=lambda name, i, n: False) -> float:
         order = iter(range(n))
@@ -164,7 +189,7 @@ def decode_shares(runner, table: np.ndarray | list[np.ndarray], reps: int = 100)
     try:
         whole = step_us(lambda name, i, n: False)
         out = {"whole step": round(whole, 1)}
-        for label, pred in SHARE_GROUPS.items():
+        for label, pred in groups.items():
             if any(pred(name, i, n) for i, name in enumerate(names)):
                 out[label] = round(whole - step_us(pred), 1)
         doubled = ("attention (attn_decode)", "add_norm", "layer products (mvq_multi)")

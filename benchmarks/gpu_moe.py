@@ -2,12 +2,15 @@
 built here by benchmarks/moe_twin.py on first use) decoding one sequence (tg128), prefilling 512
 tokens (pp512) and decoding 32 sequences at once; the decode figure against the active-parameter
 floor (the dense weights plus the chosen experts' bytes per token over the measured copy
-bandwidth) and the decode step's time per kernel.
+bandwidth) and the decode step's time per kernel group and per launch slot of a layer (in the
+captured graph, gpu_bench.decode_shares).
 
   python benchmarks/gpu_moe.py [--spec SPEC.json.gz] [--work DIR] [--out DIR] [--generic-experts]
+                               [--decode-only]
 
 --generic-experts: the expert kernels for every weight type instead of the one-type decode
-kernels (forge_hip.experts.kernel), for comparison.
+kernels (forge_hip.experts.kernel), for comparison. --decode-only: the one-sequence decode
+figures only (no prefill, no batched decode), e.g. to compare tuning files (FORGE_HIP_TUNING).
 
 Prints a short table; writes gpu_moe.json (with --generic-experts gpu_moe_generic.json) under
 --out.
@@ -68,6 +71,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--generic-experts", action="store_true")
+    ap.add_argument("--decode-only", action="store_true")
     args = ap.parse_args()
 
     import forge
@@ -90,10 +94,12 @@ def main() -> int:
         return time.perf_counter() - t
 
     prefill()  # warm-up (kernel compiles)
-    pp = min(prefill() for _ in range(3))
-    runner.launch.start_profile()
-    prefill()
-    pprof = runner.launch.stop_profile()
+    pp, pprof = float("nan"), {}
+    if not args.decode_only:
+        pp = min(prefill() for _ in range(3))
+        runner.launch.start_profile()
+        prefill()
+        pprof = runner.launch.stop_profile()
 
     def decode_ahead(n: int) -> float:
         return decode_fed(runner, prompt, table, n)
@@ -101,11 +107,12 @@ def main() -> int:
     decode_ahead(8)
     tg = min(decode_ahead(128) for _ in range(3))
     prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
-    shares = decode_shares(runner, table)
+    shares = decode_shares(runner, table, by_slot=True)
 
-    b = args.batch
-    batched_decode(runner, spec.n_vocab, b, 4, rng)
-    tb = min(batched_decode(runner, spec.n_vocab, b, 64, rng) for _ in range(2))
+    b, tb = args.batch, float("nan")
+    if not args.decode_only:
+        batched_decode(runner, spec.n_vocab, b, 4, rng)
+        tb = min(batched_decode(runner, spec.n_vocab, b, 64, rng) for _ in range(2))
     total, active = active_bytes(spec, model.gguf)
     tok_s = 128 / tg
     result = {
@@ -133,6 +140,8 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         name = "gpu_moe_generic.json" if args.generic_experts else "gpu_moe.json"
+        if args.decode_only:
+            name = name.replace(".json", "_decode.json")
         (Path(args.out) / name).write_text(json.dumps(result, indent=1))
     print(f"| model | tg128 | floor | pp512 | {b} seqs |\n|---|---|---|---|---|")
     print(f"| {path.name} | {tok_s:.1f} tok/s | {bandwidth / active:.0f} tok/s "
