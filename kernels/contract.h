@@ -59,6 +59,9 @@
 #define MOE_MAX_EXPERTS 1024  // moe.hip: most experts of a layer
 #define MOE_MAX_PAIRS 8192    // moe.hip: most (token, chosen expert) pairs of one pass
 #define MOE_MAX_USED 16       // moe.hip: most experts a token uses
+#define MOE_ROUTER_THREADS 256  // moe.hip moe_router: threads of a block (an expert)
+#define MOE_ROUTER_VEC 4        // ... float4 of the weight row each thread holds
+#define MOE_ROUTER_ROWS 32      // ... most token rows of one launch
 
 // ---- sampling.hip's per-row parameter fields (int32 words, one field array per word) ----
 #define F_TEMP 0   // float

@@ -19,6 +19,9 @@
 //   mma (tiles of 32 pairs on int8 tensor cores: mmq.h's types, the others but Q2_K/Q3_K).
 // moe_combine: out[r] = sum_j w[r k + j] y[pos[r k + j]] in slot order (no atomics: the same
 //   bits whatever the launch).
+// moe_router: the router's logits of a few rows when its matrix is float32 (what llama.cpp's
+//   quantizer leaves it): a block per expert instead of a warp per expert row (mvq_multi's), so
+//   a 128-expert router spreads over 128 blocks.
 #define FORGE_MXFP4 1  // the expert products read MXFP4 (mmv_rows.h's and mmq.h's cases)
 #include "mmq.h"
 #include "mmv_rows.h"
@@ -233,16 +236,77 @@ MOE_KERNELS(r1_q4_k, 1, false, 4, T_Q4_K)
 MOE_KERNELS(r1_q6_k, 1, false, 4, T_Q6_K)
 MOE_KERNELS(r1_q8_0, 1, false, 4, T_Q8_0)
 
-// Launch: grid R, any block size.
+// Launch: grid (R, ceil(N / blockDim.x)), any block size; k <= MOE_MAX_USED. The k slots'
+// positions and weights are read first, then their k outputs at once (independent loads).
 FORGE_KERNEL void moe_combine(const float* __restrict__ y, const int* __restrict__ pos,
                               const float* __restrict__ wts, int k, int N,
                               float* __restrict__ out) {
     FORGE_GRID_WAIT();
-    const int r = blockIdx.x;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        float a = 0.0f;
-        for (int j = 0; j < k; ++j) a += wts[r * k + j] * y[(i64)pos[r * k + j] * N + n];
-        out[(i64)r * N + n] = a;
+    const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int at[MOE_MAX_USED];
+    float w[MOE_MAX_USED], v[MOE_MAX_USED];
+#pragma unroll
+    for (int j = 0; j < MOE_MAX_USED; ++j) {
+        at[j] = j < k ? pos[r * k + j] : 0;
+        w[j] = j < k ? wts[r * k + j] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_MAX_USED; ++j) v[j] = j < k ? y[(i64)at[j] * N + n] : 0.0f;
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MOE_MAX_USED; ++j) {
+        if (j < k) a += w[j] * v[j];
+    }
+    out[(i64)r * N + n] = a;
+}
+
+// logits [R, E] = x [R, K] W^T (+ bias [E]) for a float32 router W [E, K]. Block e holds row e
+// of W in registers, read before the grid wait (weights do not depend on earlier launches),
+// and sums each x row's dot product over the block: per thread, then per warp, then the warps
+// in order.
+// Launch: grid E, block MOE_ROUTER_THREADS; R <= MOE_ROUTER_ROWS, K % 4 == 0,
+// K <= 4 MOE_ROUTER_THREADS MOE_ROUTER_VEC.
+FORGE_KERNEL void __launch_bounds__(MOE_ROUTER_THREADS)
+    moe_router(const float* __restrict__ W, const float* __restrict__ bias,
+               const float* __restrict__ x, int R, int K, int E, float* __restrict__ logits) {
+    __shared__ float part[MOE_ROUTER_THREADS / 32][MOE_ROUTER_ROWS];
+    const int e = blockIdx.x, t = threadIdx.x, k4 = K / 4;
+    const float4* wr = (const float4*)(W + (i64)e * K);
+    float4 w[MOE_ROUTER_VEC];
+#pragma unroll
+    for (int i = 0; i < MOE_ROUTER_VEC; ++i) {
+        const int c = t + i * MOE_ROUTER_THREADS;
+        w[i] = c < k4 ? wr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    FORGE_GRID_WAIT();
+    const int lane = t % FORGE_WARP, warp = t / FORGE_WARP, warps = blockDim.x / FORGE_WARP;
+    for (int r0 = 0; r0 < R; r0 += 4) {  // four rows at a time: their loads in flight together
+        float s[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float4* xr = (const float4*)(x + (i64)min(r0 + q, R - 1) * K);
+            s[q] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MOE_ROUTER_VEC; ++i) {
+                const int c = t + i * MOE_ROUTER_THREADS;
+                if (c < k4) {
+                    const float4 v = xr[c];
+                    s[q] += w[i].x * v.x + w[i].y * v.y + w[i].z * v.z + w[i].w * v.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const float v = warp_sum(s[q]);
+            if (lane == 0 && r0 + q < R) part[warp][r0 + q] = v;
+        }
+    }
+    __syncthreads();
+    for (int r = t; r < R; r += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < warps; ++j) s += part[j][r];
+        logits[(i64)r * E + e] = s + (bias ? bias[e] : 0.0f);
     }
 }
 

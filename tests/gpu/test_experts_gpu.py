@@ -27,7 +27,7 @@ def _route_ref(ffn: ExpertFFN, logits: np.ndarray):
 def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, k, rm):
     """Chosen experts and weights as cpu_simd's routing (ties to the lower id), the pairs
     sorted by expert, and tiles of at most rm pairs of one expert covering them."""
-    from forge_hip.experts import GATINGS, MOE_THREADS, max_tiles
+    from forge_hip.experts import GATINGS, max_tiles, route_threads
 
     rng = np.random.default_rng(rows * n_expert)
     logits = rng.standard_normal((rows, n_expert)).astype(np.float32) * 3
@@ -37,7 +37,7 @@ def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, 
     pairs, tiles = rows * k, max_tiles(rows * k, rm, n_expert)
     ids, w, order, pos = (dev.poisoned(4 * pairs) for _ in range(4))
     tl = dev.poisoned(12 * tiles)
-    rt.launch(lib.get("moe_route"), (1,), (MOE_THREADS,),
+    rt.launch(lib.get("moe_route"), (1,), (route_threads(n_expert, rows),),
               [dev.put(logits), rows, n_expert, k, GATINGS[gating], int(norm), 1.5, rm, tiles,
                ids, w, order, pos, tl])  # fmt: skip
     ref_ids, ref_w = _route_ref(ffn, logits)
@@ -57,6 +57,44 @@ def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, 
     for e, s0, c in live:
         assert (flat[sorted_pairs[s0 : s0 + c]] == e).all()
     assert (t[len(live) :, 2] == 0).all()  # the tiles past the last do nothing
+
+
+ROUTERS = [(1, 2048, 128, False), (5, 2880, 32, True), (32, 256, 8, False), (3, 4096, 64, True)]
+
+
+@pytest.mark.parametrize("rows,k,n_expert,bias", ROUTERS)
+def test_float_router_matches_float64(rt, lib, dev, rows, k, n_expert, bias):
+    """moe_router's logits of a float32 router (Qwen3-30B-A3B's 2048 x 128, gpt-oss-20b's
+    2880 x 32 with a bias, the most rows and the longest rows it takes) against float64."""
+    from forge_hip.experts import ROUTER_THREADS
+
+    rng = np.random.default_rng(rows + k)
+    w = rng.standard_normal((n_expert, k)).astype(np.float32)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.standard_normal(n_expert).astype(np.float32) if bias else None
+    out = dev.poisoned(4 * rows * n_expert)
+    bias_buf = dev.put(b) if bias else 0
+    rt.launch(lib.get("moe_router"), (n_expert,), (ROUTER_THREADS,),
+              [dev.put(w), bias_buf, dev.put(x), rows, k, n_expert, out])  # fmt: skip
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
+    got = dev.get(out, (rows, n_expert))
+    np.testing.assert_allclose(got, want, rtol=0, atol=3.2e-6 * np.sqrt(k))
+
+
+def test_combine_sums_each_rows_slots_in_order(rt, lib, dev):
+    """moe_combine: out[r] = sum_j w[r k + j] y[pos[r k + j]], every column of a row even when
+    the row is longer than a block (the grid's second dimension)."""
+    rows, k, n = 3, 8, 2880
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((rows * k, n)).astype(np.float32)
+    pos = rng.permutation(rows * k).astype(np.int32)
+    w = rng.random(rows * k).astype(np.float32)
+    out = dev.poisoned(4 * rows * n)
+    rt.launch(lib.get("moe_combine"), (rows, -(-n // 256)), (256,),
+              [dev.put(y), dev.put(pos), dev.put(w), k, n, out])  # fmt: skip
+    want = np.einsum("rj,rjn->rn", w.reshape(rows, k).astype(np.float64),
+                     y[pos].reshape(rows, k, n).astype(np.float64))  # fmt: skip
+    np.testing.assert_allclose(dev.get(out, (rows, n)), want, rtol=1e-5, atol=1e-5)
 
 
 PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take

@@ -35,7 +35,7 @@ def _moe_launches(rt) -> list[tuple[str, tuple]]:
 def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
     golden_dir, rows, variant
 ):
-    from forge_hip.experts import kernel, max_tiles
+    from forge_hip.experts import ROUTER_ROWS, kernel, max_tiles, route_threads
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt)
@@ -46,9 +46,10 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
     runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
     moe = _moe_launches(rt)
     want = []
+    router = ["moe_router"] if rows <= ROUTER_ROWS else []  # (the model's routers are F32)
     for part in runner.plan.ffn:
         glu, down = kernel("glu", variant, part.types[:2]), kernel("down", variant, part.types[2:])
-        want += ["moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
+        want += [*router, "moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
     assert [n for n, _ in moe] == want
     r1 = {n for n, _ in moe if "_r1" in n}  # the one-type kernels: Q4_K gate/up, Q4_K/Q6_K down
     assert r1 <= {"moe_glu_r1_q4_k", "moe_down_r1_q4_k", "moe_down_r1_q6_k"} and (rows > 8) != bool(
@@ -61,9 +62,30 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
             assert grid[1] == max_tiles(pairs, rm, f.n_expert)  # every possible tile a block row
         if name == "moe_route":
             assert grid == (1,)
+        if name == "moe_combine":
+            assert grid == (rows, -(-runner.spec.n_embd // 256))
+        if name == "moe_router":
+            assert grid == (f.n_expert,)
     # the router: one product per layer whose output is moe_route's first argument
     routes = [a for n, a in rt.launch_args if n == "moe_route"]
     assert {a[0] for a in routes} == {runner.ws.moe_logits} and routes[0][1:4] == [rows, 8, 2]
+    blocks = {b for (n, _, _), b in zip(rt.launches, rt.blocks, strict=True) if n == "moe_route"}
+    assert blocks == {(route_threads(f.n_expert, rows),)}
+    routers = [a for n, a in rt.launch_args if n == "moe_router"]
+    assert len(routers) == (runner.spec.n_layer if router else 0)
+    for a in routers:  # W, bias, x = ws.h, rows, K, E, logits
+        assert a[2:] == [runner.ws.h, rows, runner.spec.n_embd, f.n_expert, runner.ws.moe_logits]
+
+
+def test_route_block_fits_its_experts_and_rows():
+    from forge_hip.experts import MOE_THREADS, route_threads
+
+    assert route_threads(128, 1) == 128 and route_threads(32, 1) == 64  # decode: small blocks
+    assert route_threads(8, 3) == 192 and route_threads(128, 512) == MOE_THREADS
+    assert route_threads(1024, 1) == MOE_THREADS  # a thread per expert (the scans)
+    for e, r in [(8, 1), (100, 2), (128, 9), (256, 64)]:
+        t = route_threads(e, r)
+        assert t % 64 == 0 and e <= t <= MOE_THREADS
 
 
 def test_decode_steps_replay_one_graph_with_the_expert_launches(golden_dir):

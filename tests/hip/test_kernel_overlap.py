@@ -28,6 +28,7 @@ EARLY_WORK = {
     "mvq_multi_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "add_norm_quant": ("its norm weights", "add_norm_quant"),
+    "moe_router": ("its weight row (into registers)", "moe_router"),
     "mmq_multi_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
     "mmq_glu_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
 }  # fmt: skip

@@ -11,6 +11,10 @@
 4. moe_quant of those outputs, moe_down_<V>: the down products the same way;
 5. moe_combine: each row's weighted sum of its pairs' outputs into ws.o.
 
+A float32 router over at most MOE_ROUTER_ROWS rows (decode) runs as moe_router, a block per
+expert, instead of the plain product (a warp per expert: 16 blocks for 128 experts, the
+slowest launch of a Qwen3-30B-A3B decode step).
+
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
 a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types); "gen"
@@ -26,13 +30,15 @@ from dataclasses import dataclass
 from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import Placed
 from forge_hip.contract import constants
-from forge_hip.library import MOE_TYPED_R1, KernelLibrary
-from forge_hip.products import Products
+from forge_hip.library import BUILTIN_MATMUL, MOE_TYPED_R1, KernelLibrary
+from forge_hip.products import DESC, Products
 from forge_hip.tuning import MMQ_TYPES, MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
 from forge_hip.workspace import Workspace
 
 _C = constants()
 MOE_THREADS = _C["MOE_THREADS"]
+ROUTER_THREADS, ROUTER_VEC = _C["MOE_ROUTER_THREADS"], _C["MOE_ROUTER_VEC"]
+ROUTER_ROWS = _C["MOE_ROUTER_ROWS"]
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}  # moe_glu's act
 GATINGS = {"softmax": 0, "softmax_chosen": 1}  # moe_route's gating
 VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32}  # pairs per tile
@@ -83,6 +89,14 @@ def block_rows(v: str, lanes: int) -> int:
     return MMA_ROWS if v == "mma" else MVQ_THREADS // lanes
 
 
+def route_threads(n_expert: int, rows: int) -> int:
+    """moe_route's block: a thread per expert at least (its scans), a 64-lane group per row up
+    to MOE_THREADS (its rows go a warp each); a whole 1024-thread block for one decode row only
+    lengthens its barriers."""
+    want = max(n_expert, 64 * rows)
+    return min(MOE_THREADS, -(-want // 64) * 64)
+
+
 def max_tiles(pairs: int, rm: int, n_expert: int) -> int:
     """Most tiles `pairs` sorted pairs make at `rm` pairs a tile: one partial tile per expert."""
     return -(-pairs // rm) + min(n_expert, pairs)
@@ -127,8 +141,8 @@ class Experts:
         v = variant(part.types, pairs, f.n_expert)
         rm = VARIANT_RM[v]
         tiles = max_tiles(pairs, rm, f.n_expert)
-        self.products.matmul(part.router, 1, rows)
-        launch(lib.get("moe_route"), (1,), (MOE_THREADS,),
+        self._router(part.router, rows)
+        launch(lib.get("moe_route"), (1,), (route_threads(f.n_expert, rows),),
                [ws.moe_logits, rows, f.n_expert, k, GATINGS[f.gating], int(f.norm_weights),
                 f.weights_scale, rm, tiles, ws.moe_ids, ws.moe_w, ws.moe_order, ws.moe_pos,
                 ws.moe_tiles])  # fmt: skip
@@ -148,8 +162,23 @@ class Experts:
             (MVQ_THREADS,),
             [ws.descs, part.down, ws.moe_tiles, ws.moe_xq, pairs, f.n_ff, need, lanes],
         )
-        launch(lib.get("moe_combine"), (rows,), (COMBINE_THREADS,),
-               [ws.moe_y, ws.moe_pos, ws.moe_w, k, s.n_embd, ws.o])  # fmt: skip
+        launch(lib.get("moe_combine"), (rows, -(-s.n_embd // COMBINE_THREADS)),
+               (COMBINE_THREADS,), [ws.moe_y, ws.moe_pos, ws.moe_w, k, s.n_embd, ws.o])  # fmt: skip
+
+    def _router(self, first: int, rows: int) -> None:
+        """The router's logits of `rows` rows of ws.h into ws.moe_logits: moe_router for a
+        float32 matrix (ours, rows of K floats) over few rows, else the plain product."""
+        p, impl = self.products.mats[first]
+        fits = (impl == BUILTIN_MATMUL and p.type == "F32" and rows <= ROUTER_ROWS
+                and p.k % 4 == 0 and p.k <= 4 * ROUTER_THREADS * ROUTER_VEC
+                and p.row_bytes == 4 * p.k)  # fmt: skip
+        if not fits:
+            self.products.matmul(first, 1, rows)
+            return
+        d = self.products.descs[first]
+        self.products.launch(self.lib.get("moe_router"), (p.n,), (ROUTER_THREADS,),
+                             [p.ptr, d[DESC["BIAS"]], d[DESC["X"]], rows, p.k, p.n,
+                              d[DESC["Y"]]])  # fmt: skip
 
     def _quantize(self, x: int, order: int, kk: int, k: int, pairs: int, types: list[str]) -> int:
         """Rows order[i] / kk (order 0: row i) of x [*, k] for `pairs` rows into ws.moe_xq,
