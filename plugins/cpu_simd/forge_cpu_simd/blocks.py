@@ -15,7 +15,7 @@ from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import DenseFFN, ExpertFFN, LayerSpec, ModelSpec
 from forge_cpu_simd import ops
 from forge_cpu_simd.experts import ExpertFFNBlock
-from forge_cpu_simd.kv_store import KvArray, query_rounding
+from forge_cpu_simd.kv_store import KvArray, consecutive, query_rounding
 from forge_cpu_simd.loading import WeightLoader
 
 
@@ -32,12 +32,38 @@ class Step:
     every_row: list[np.ndarray]  # per sequence: its rows of the pass
     rope: dict = field(default_factory=dict)  # frequencies -> (cos, sin) [rows, rope_dim/2]
     keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
+    layouts: dict = field(default_factory=dict)  # query lists' row layouts, by id
+    spans: dict = field(default_factory=dict)  # (pool, sequence, lo, hi) -> cache slots to read
 
     def rope_tables(self, freqs: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
         key = (freqs.tobytes(), mscale)
         if key not in self.rope:
             self.rope[key] = ops.rope_tables(self.pos, freqs, mscale)
         return self.rope[key]
+
+    def layout(self, queries: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """(the kept rows in order, int64; each sequence's first output row and the end; the
+        sequences with exactly one query row) of a list of per-sequence query rows: the same
+        for every layer of the pass that attends with that list."""
+        found = self.layouts.get(id(queries))
+        if found is None or found[0] is not queries:
+            sizes = [sel.size for sel in queries]
+            kept = np.concatenate(queries).astype(np.int64)
+            starts = np.cumsum([0] + sizes)
+            singles = [i for i, n in enumerate(sizes) if n == 1]
+            found = self.layouts[id(queries)] = (queries, kept, starts, singles)
+        return found[1:]
+
+    def key_slots(self, pool: int | None, seq: int, lo: int, hi: int) -> np.ndarray | slice:
+        """The cache slots of sequence `seq`'s positions lo .. hi - 1 in `pool`: a slice when
+        they are one run (KvArray.read then gives a view), else the slot array."""
+        key = (pool, seq, lo, hi)
+        found = self.spans.get(key)
+        if found is None:
+            slots = self.past[pool][seq][lo:hi]
+            run = consecutive(slots)
+            found = self.spans[key] = slots if run is None else run
+        return found
 
 
 class AttentionBlock:
@@ -79,7 +105,7 @@ class AttentionBlock:
         self.ops.rope(k, cos, sin, s.rope_neox)
         kc.write(step.slots[self.pool], k)
         vc.write(step.slots[self.pool], v)
-        kept = np.concatenate(queries).astype(np.int64)
+        kept = step.layout(queries)[0]
         if kept.size == 0:
             return x[:0]
         rounding = query_rounding(kc.fmt)  # as llama.cpp's attention over that K format
@@ -99,10 +125,8 @@ class AttentionBlock:
         """
         s, window = self.spec, self.layer.sliding_window
         past = step.past[self.pool]
-        sizes = [sel.size for sel in queries]
-        starts = np.cumsum([0] + sizes)
+        _, starts, singles = step.layout(queries)
         attn = np.empty((starts[-1], s.n_head, s.head_dim_v), np.float32)
-        singles = [i for i, n in enumerate(sizes) if n == 1]
         if len(singles) < 2:
             singles = []
         if singles:
@@ -119,14 +143,14 @@ class AttentionBlock:
                 **self.sinks,
             )
         single = set(singles)
-        for i, (seq_past, sel) in enumerate(zip(past, queries)):
+        for i, sel in enumerate(queries):
             if sel.size == 0 or i in single:
                 continue
             qpos = step.pos[sel]
             hi = int(qpos.max()) + 1
             lo = 0 if window is None else max(0, int(qpos.min()) - window + 1)
             # only the keys some query sees are read (the op takes positions from k's first)
-            keys = seq_past[lo:hi]
+            keys = step.key_slots(self.pool, i, lo, hi)
             attn[starts[i] : starts[i + 1]] = self.ops.attention(
                 q[sel], kc.read(keys), vc.read(keys), qpos - lo, s.attn_scale, window,
                 **self.sinks,

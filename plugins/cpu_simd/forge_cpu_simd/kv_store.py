@@ -71,12 +71,13 @@ class KvArray:
             q, d = quantize_q4_0(x)
             self.values[slots], self.scales[slots] = q, d
 
-    def read(self, slots: np.ndarray) -> np.ndarray:
-        """The values at `slots` (any shape S) as float32 [*S, heads, dim]: for consecutive
-        slots of a float32 cache a read-only view, else a copy."""
+    def read(self, slots: np.ndarray | slice) -> np.ndarray:
+        """The values at `slots` (any shape S, or a slice of slots) as float32 [*S, heads,
+        dim]: for a slice or consecutive slots of a float32 cache a read-only view, else a
+        copy."""
         fmt = self.fmt
         if fmt is KvFormat.F32:
-            run = _consecutive(slots)
+            run = slots if isinstance(slots, slice) else consecutive(slots)
             if run is None:
                 return self.values[slots]
             view = self.values[run]
@@ -98,7 +99,7 @@ class KvArray:
         return blocks.reshape(q.shape)
 
 
-def _consecutive(slots: np.ndarray) -> slice | None:
+def consecutive(slots: np.ndarray) -> slice | None:
     """slots[0] .. slots[-1] as a slice when `slots` (1-D) counts up by one, else None (a
     sequence's cache blocks are usually allocated in order, so its keys are one run)."""
     if slots.ndim != 1 or len(slots) < 2:
