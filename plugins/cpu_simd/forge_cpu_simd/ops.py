@@ -77,15 +77,16 @@ def attention(
     lo = 0 if window is None else max(0, int(q_pos.min()) - window + 1)
     hi = int(q_pos.max()) + 1
     k, v = k[lo:hi], v[lo:hi]
-    t_pos = np.arange(lo, hi)
     # [Hkv, group*n, D]: the queries that share one KV head form one matrix product.
     qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
     scores = np.matmul(qg, k.transpose(1, 2, 0)) * np.float32(scale)  # [Hkv, group*n, T]
-    allowed = t_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        allowed &= (q_pos[:, None] - t_pos[None, :]) < window
     scores = scores.reshape(n_kv, group, n, -1)
-    scores[:, :, ~allowed] = -np.inf
+    if n > 1:  # (one query sees every key of lo .. hi - 1: nothing to mask)
+        t_pos = np.arange(lo, hi)
+        allowed = t_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            allowed &= (q_pos[:, None] - t_pos[None, :]) < window
+        scores[:, :, ~allowed] = -np.inf
     _softmax(scores, None if sinks is None else sinks.reshape(n_kv, group, 1, 1))
     out = np.matmul(scores.reshape(n_kv, group * n, -1), v.transpose(1, 0, 2))
     return out.reshape(n_kv, group, n, -1).transpose(2, 0, 1, 3).reshape(n, n_head, -1)
