@@ -6,7 +6,11 @@
 //   largest logits, softmax over those; both times `scale`; ties go to the lower expert id),
 //   then the P = R k (row, slot) pairs p = r k + j sorted by expert, stably: order[i] = p and
 //   pos[p] = i. The sorted pairs of an expert are cut into tiles of at most RM pairs
-//   {expert, first sorted pair, pairs} (tiles past the last get 0 pairs). One block.
+//   {expert, first sorted pair, pairs} (tiles past the last get 0 pairs). One block. With
+//   `chosen`, the rows' experts and weights are already in ids/wts (moe_topk) and only the
+//   sorting runs.
+// moe_topk: each row's k experts and weights as moe_route picks them, a warp per row over many
+//   blocks (a pass of many rows: one block would take them 32 rows at a time).
 // moe_quant: x rows order[i] / kk (order null: row i) rounded to int8 blocks into xg for P rows,
 //   mvq_quant's layout: the sorted copy of the tokens' rows each expert reads.
 // moe_glu_<V> / moe_down_<V>: one launch for all chosen experts' products. Descriptor `first`
@@ -81,16 +85,21 @@ FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_
 // depends on it (each pair's products are its own; moe_combine sums in slot order).
 FORGE_KERNEL void __launch_bounds__(MOE_THREADS)
     moe_route(const float* __restrict__ logits, int R, int E, int k, int gating, int norm_w,
-              float scale, int RM, int max_tiles, int* __restrict__ ids, float* __restrict__ wts,
-              int* __restrict__ order, int* __restrict__ pos, int* __restrict__ tiles) {
+              float scale, int RM, int max_tiles, int chosen, int* __restrict__ ids,
+              float* __restrict__ wts, int* __restrict__ order, int* __restrict__ pos,
+              int* __restrict__ tiles) {
     FORGE_GRID_WAIT();
     __shared__ int sid[MOE_MAX_PAIRS];
     __shared__ int cnt[MOE_MAX_EXPERTS], start[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
     const int warps = blockDim.x / FORGE_WARP, P = R * k, t = threadIdx.x;
     for (int e = t; e < E; e += blockDim.x) cnt[e] = 0;
-    for (int r = t / FORGE_WARP; r < R; r += warps) {
-        moe_route_row(logits + (i64)r * E, E, k, gating, norm_w, scale, ids + r * k,
-                      wts + r * k, sid + r * k);
+    if (chosen) {
+        for (int p = t; p < P; p += blockDim.x) sid[p] = ids[p];
+    } else {
+        for (int r = t / FORGE_WARP; r < R; r += warps) {
+            moe_route_row(logits + (i64)r * E, E, k, gating, norm_w, scale, ids + r * k,
+                          wts + r * k, sid + r * k);
+        }
     }
     __syncthreads();
     for (int p = t; p < P; p += blockDim.x) atomicAdd(&cnt[sid[p]], 1);
@@ -123,6 +132,18 @@ FORGE_KERNEL void __launch_bounds__(MOE_THREADS)
         pos[p] = i;
     }
     for (int q = n_tiles + t; q < max_tiles; q += blockDim.x) tiles[3 * q + 2] = 0;
+}
+
+// Launch: grid ceil(R / (blockDim.x / FORGE_WARP)), any block of whole warps; a warp per row.
+FORGE_KERNEL void moe_topk(const float* __restrict__ logits, int R, int E, int k, int gating,
+                           int norm_w, float scale, int* __restrict__ ids,
+                           float* __restrict__ wts) {
+    FORGE_GRID_WAIT();
+    const int r = blockIdx.x * (blockDim.x / FORGE_WARP) + threadIdx.x / FORGE_WARP;
+    if (r < R) {
+        moe_route_row(logits + (i64)r * E, E, k, gating, norm_w, scale, ids + r * k,
+                      wts + r * k, ids + r * k);
+    }
 }
 
 // Launch: as mvq_quant (blocks of 32-lane groups, a 256-element task per group at a time).

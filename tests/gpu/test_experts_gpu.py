@@ -24,10 +24,12 @@ def _route_ref(ffn: ExpertFFN, logits: np.ndarray):
                                          ("softmax_chosen", False)])  # fmt: skip
 @pytest.mark.parametrize("rows,n_expert,k,rm", [(1, 128, 8, 1), (37, 8, 2, 8), (512, 128, 8, 32),
                                                 (300, 32, 4, 1)])  # fmt: skip
-def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, k, rm):
+@pytest.mark.parametrize("topk", [False, True])
+def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, k, rm, topk):
     """Chosen experts and weights as cpu_simd's routing (ties to the lower id), the pairs
-    sorted by expert, and tiles of at most rm pairs of one expert covering them."""
-    from forge_hip.experts import GATINGS, max_tiles, route_threads
+    sorted by expert, and tiles of at most rm pairs of one expert covering them; all in
+    moe_route's block, or (topk) chosen by moe_topk's warps first, then sorted by moe_route."""
+    from forge_hip.experts import GATINGS, TOPK_THREADS, max_tiles, route_threads
 
     rng = np.random.default_rng(rows * n_expert)
     logits = rng.standard_normal((rows, n_expert)).astype(np.float32) * 3
@@ -37,9 +39,13 @@ def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, 
     pairs, tiles = rows * k, max_tiles(rows * k, rm, n_expert)
     ids, w, order, pos = (dev.poisoned(4 * pairs) for _ in range(4))
     tl = dev.poisoned(12 * tiles)
+    gate = [dev.put(logits), rows, n_expert, k, GATINGS[gating], int(norm), 1.5]
+    if topk:
+        per_block = TOPK_THREADS // rt.props.warp_size
+        rt.launch(lib.get("moe_topk"), (-(-rows // per_block),), (TOPK_THREADS,),
+                  [*gate, ids, w])  # fmt: skip
     rt.launch(lib.get("moe_route"), (1,), (route_threads(n_expert, rows),),
-              [dev.put(logits), rows, n_expert, k, GATINGS[gating], int(norm), 1.5, rm, tiles,
-               ids, w, order, pos, tl])  # fmt: skip
+              [*gate, rm, tiles, int(topk), ids, w, order, pos, tl])  # fmt: skip
     ref_ids, ref_w = _route_ref(ffn, logits)
     got_ids = dev.get(ids, (rows, k), np.int32)
     np.testing.assert_array_equal(got_ids, ref_ids)

@@ -35,7 +35,7 @@ def _moe_launches(rt) -> list[tuple[str, tuple]]:
 def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
     golden_dir, rows, variant
 ):
-    from forge_hip.experts import ROUTER_ROWS, kernel, max_tiles, route_threads
+    from forge_hip.experts import ROUTER_ROWS, TOPK_ROWS, kernel, max_tiles, route_threads
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt)
@@ -47,9 +47,10 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
     moe = _moe_launches(rt)
     want = []
     router = ["moe_router"] if rows <= ROUTER_ROWS else []  # (the model's routers are F32)
+    topk = ["moe_topk"] if rows > TOPK_ROWS else []  # many rows: chosen by a warp each first
     for part in runner.plan.ffn:
         glu, down = kernel("glu", variant, part.types[:2]), kernel("down", variant, part.types[2:])
-        want += [*router, "moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
+        want += [*router, *topk, "moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
     assert [n for n, _ in moe] == want
     r1 = {n for n, _ in moe if "_r1" in n}  # the one-type kernels: Q4_K gate/up, Q4_K/Q6_K down
     assert r1 <= {"moe_glu_r1_q4_k", "moe_down_r1_q4_k", "moe_down_r1_q6_k"} and (rows > 8) != bool(
@@ -69,6 +70,13 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
     # the router: one product per layer whose output is moe_route's first argument
     routes = [a for n, a in rt.launch_args if n == "moe_route"]
     assert {a[0] for a in routes} == {runner.ws.moe_logits} and routes[0][1:4] == [rows, 8, 2]
+    assert {a[9] for a in routes} == {int(bool(topk))}  # moe_route's `chosen`
+    for name, grid in moe:
+        if name == "moe_topk":  # a 32-lane warp per row, 8 a block
+            assert grid == (-(-rows // 8),)
+    tops = [a for n, a in rt.launch_args if n == "moe_topk"]  # the same row arguments
+    assert len(tops) == (len(routes) if topk else 0)
+    assert all(a[:7] == r[:7] and a[7:] == r[10:12] for a, r in zip(tops, routes))
     blocks = {b for (n, _, _), b in zip(rt.launches, rt.blocks, strict=True) if n == "moe_route"}
     assert blocks == {(route_threads(f.n_expert, rows),)}
     routers = [a for n, a in rt.launch_args if n == "moe_router"]

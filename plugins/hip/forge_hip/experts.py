@@ -3,7 +3,9 @@
 1. the router's product (a plain descriptor: any weight type, bias when the model has one) into
    ws.moe_logits;
 2. moe_route, one block: each row's experts and weights, the R k (row, slot) pairs sorted by
-   expert and cut into tiles of at most RM pairs of one expert, all on the device;
+   expert and cut into tiles of at most RM pairs of one expert, all on the device; past
+   TOPK_ROWS rows the experts and weights come first from moe_topk (a warp per row over many
+   blocks: one block took a 512-row pass of Qwen3-30B-A3B 160 us a layer, 32 rows at a time);
 3. moe_quant: the pairs' rows of ws.h, in sorted order, rounded to int8 blocks as the decode
    products round them; moe_glu_<V>: every chosen expert's gate/up product with the activation,
    one launch whose blocks each take some weight rows of one tile's expert (only chosen experts
@@ -44,6 +46,8 @@ GATINGS = {"softmax": 0, "softmax_chosen": 1}  # moe_route's gating
 VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32}  # pairs per tile
 MMA_ROWS = 16 * _C["MMQ_WARPS"]  # weight rows per block of the mma variant
 COMBINE_THREADS = 256
+TOPK_ROWS = 32  # rows past which moe_topk chooses the experts before moe_route sorts the pairs
+TOPK_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -142,10 +146,16 @@ class Experts:
         rm = VARIANT_RM[v]
         tiles = max_tiles(pairs, rm, f.n_expert)
         self._router(part.router, rows)
+        gating = [ws.moe_logits, rows, f.n_expert, k, GATINGS[f.gating], int(f.norm_weights),
+                  f.weights_scale]  # fmt: skip
+        chosen = rows > TOPK_ROWS
+        if chosen:
+            per_block = TOPK_THREADS // lib.runtime.props.warp_size
+            launch(lib.get("moe_topk"), (-(-rows // per_block),), (TOPK_THREADS,),
+                   [*gating, ws.moe_ids, ws.moe_w])  # fmt: skip
         launch(lib.get("moe_route"), (1,), (route_threads(f.n_expert, rows),),
-               [ws.moe_logits, rows, f.n_expert, k, GATINGS[f.gating], int(f.norm_weights),
-                f.weights_scale, rm, tiles, ws.moe_ids, ws.moe_w, ws.moe_order, ws.moe_pos,
-                ws.moe_tiles])  # fmt: skip
+               [*gating, rm, tiles, int(chosen), ws.moe_ids, ws.moe_w, ws.moe_order,
+                ws.moe_pos, ws.moe_tiles])  # fmt: skip
         gate_up_types, down_types = list(part.types[:2]), [part.types[2]]
         need = self._quantize(ws.h, ws.moe_order, k, s.n_embd, pairs, gate_up_types)
         lanes = mvq_lanes(gate_up_types, s.n_embd, rm, f.n_ff)
