@@ -125,7 +125,8 @@ def slot_groups(launches: list[tuple[str, tuple]], n_layer: int) -> dict:
     """Groups of one launch slot of every layer: a kernel launched j times a layer makes the
     groups "<kernel>[i] grid (..)", i < j, each its i-th launch of every layer (the launches
     past j n_layer, such as the output head, in none). Kernels launched fewer than n_layer
-    times are left out."""
+    times are left out. Assumes a kernel is launched as often in every layer that launches
+    it; with layers of different kinds (windowed and full, say) a label may mix slots."""
     seen: dict[str, list[int]] = {}
     for i, (name, _) in enumerate(launches):
         seen.setdefault(name, []).append(i)

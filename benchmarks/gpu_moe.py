@@ -126,8 +126,8 @@ def main() -> int:
         "decode_tg128_tok_s": round(tok_s, 1),
         "decode_floor_tok_s": round(bandwidth / active, 1),
         "decode_share_of_floor": round(tok_s * active / bandwidth, 3),
-        "prefill_pp512_tok_s": round(512 / pp, 1),
-        f"batched_decode_{b}_seqs_tok_s": round(b * 64 / tb, 1),
+        "prefill_pp512_tok_s": None if args.decode_only else round(512 / pp, 1),
+        f"batched_decode_{b}_seqs_tok_s": None if args.decode_only else round(b * 64 / tb, 1),
         "decode_step_us_by_group": shares,
         "decode_step_kernel_ms": {
             k: [n, round(ms, 4)] for k, (n, ms) in sorted(prof.items(), key=lambda kv: -kv[1][1])

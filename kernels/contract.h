@@ -55,7 +55,7 @@
 #define AN_PER 32          // layer.hip add_norm: elements of a row each lane holds at most
 #define LAYER_MAX_D 512    // attention.hip: largest head dimension
 #define ATT_SPLIT_MIN 128  // attention.hip: positions per split at least
-#define MOE_THREADS 1024   // moe.hip moe_route: one block, a thread per expert when sorting
+#define MOE_THREADS 1024   // moe.hip moe_route: most threads of its one block (>= E)
 #define MOE_MAX_EXPERTS 1024  // moe.hip: most experts of a layer
 #define MOE_MAX_PAIRS 8192    // moe.hip: most (token, chosen expert) pairs of one pass
 #define MOE_MAX_USED 16       // moe.hip: most experts a token uses

@@ -1,5 +1,5 @@
 // moe.hip: the mixture-of-experts FFN of one layer for R token rows, on the router's logits
-// [R, E] (a plain product before these launches):
+// [R, E] (moe_router below, or a plain product, before these launches):
 //
 // moe_route: each row's k experts and their weights (gating 0 "softmax": softmax over all E,
 //   the k most probable, renormalised to sum 1 when norm_w; gating 1 "softmax_chosen": the k
@@ -79,7 +79,8 @@ FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_
     }
 }
 
-// Launch: one block of MOE_THREADS threads; R k <= MOE_MAX_PAIRS, E <= MOE_MAX_EXPERTS,
+// Launch: one block of whole warps, E <= blockDim.x <= MOE_THREADS (experts.route_threads);
+// R k <= MOE_MAX_PAIRS, E <= MOE_MAX_EXPERTS,
 // k <= MOE_MAX_USED; tiles holds 3 max_tiles ints (max_tiles >= ceil(R k / RM) + min(E, R k)).
 // The order of an expert's pairs among themselves is not fixed (atomic cursors): no result
 // depends on it (each pair's products are its own; moe_combine sums in slot order).

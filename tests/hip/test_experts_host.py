@@ -211,3 +211,21 @@ def test_prefill_routers_run_one_warp_per_output(golden_dir, name):
     first = [p.router for p in runner.plan.ffn]
     assert [a[1] for _, a in routers] == first and all(g[1] == rows for g, _ in routers)
     assert "mm_tiled" not in {n for n, _, _ in rt.launches}
+
+
+def test_a_router_that_is_not_float32_takes_the_plain_product(golden_dir):
+    """moe_router reads float32 rows with float4 loads; any other router type (or a replaced
+    matmul kernel) goes through the plain product, which writes the same logits buffer."""
+    from dataclasses import replace
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt)
+    runner.allocate_kv(64, 16)
+    products = runner.plan.ffns.products
+    for part in runner.plan.ffn:
+        p, impl = products.mats[part.router]
+        products.mats[part.router] = (replace(p, type="F16", row_bytes=2 * p.k), impl)
+    rt.launches.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 0, np.arange(1), "last")])
+    names = [n for n, _, _ in rt.launches]
+    assert "moe_router" not in names and names.count("moe_route") == runner.spec.n_layer

@@ -13,9 +13,9 @@
 4. moe_quant of those outputs, moe_down_<V>: the down products the same way;
 5. moe_combine: each row's weighted sum of its pairs' outputs into ws.o.
 
-A float32 router over at most MOE_ROUTER_ROWS rows (decode) runs as moe_router, a block per
-expert, instead of the plain product (a warp per expert: 16 blocks for 128 experts, the
-slowest launch of a Qwen3-30B-A3B decode step).
+A float32 router over at most MOE_ROUTER_ROWS rows (decode steps, short chunks) runs as
+moe_router, a block per expert, instead of the plain product (a warp per expert: 16 blocks for
+128 experts, the slowest launch of a Qwen3-30B-A3B decode step).
 
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
@@ -179,13 +179,14 @@ class Experts:
         """The router's logits of `rows` rows of ws.h into ws.moe_logits: moe_router for a
         float32 matrix (ours, rows of K floats) over few rows, else the plain product."""
         p, impl = self.products.mats[first]
+        d = self.products.descs[first]
         fits = (impl == BUILTIN_MATMUL and p.type == "F32" and rows <= ROUTER_ROWS
                 and p.k % 4 == 0 and p.k <= 4 * ROUTER_THREADS * ROUTER_VEC
-                and p.row_bytes == 4 * p.k)  # fmt: skip
+                and p.row_bytes == 4 * p.k
+                and (p.ptr | d[DESC["X"]]) % 16 == 0)  # (its float4 loads)  # fmt: skip
         if not fits:
             self.products.matmul(first, 1, rows)
             return
-        d = self.products.descs[first]
         self.products.launch(self.lib.get("moe_router"), (p.n,), (ROUTER_THREADS,),
                              [p.ptr, d[DESC["BIAS"]], d[DESC["X"]], rows, p.k, p.n,
                               d[DESC["Y"]]])  # fmt: skip
