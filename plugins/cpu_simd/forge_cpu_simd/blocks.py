@@ -34,12 +34,25 @@ class Step:
     keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
     layouts: dict = field(default_factory=dict)  # query lists' row layouts, by id
     spans: dict = field(default_factory=dict)  # (pool, sequence, lo, hi) -> cache slots to read
+    query_pos: dict = field(default_factory=dict)  # query rows' positions and range, by id
 
-    def rope_tables(self, freqs: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
-        key = (freqs.tobytes(), mscale)
-        if key not in self.rope:
-            self.rope[key] = ops.rope_tables(self.pos, freqs, mscale)
-        return self.rope[key]
+    def rope_tables(self, freqs: np.ndarray, mscale: float,
+                    key: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """cos, sin of the pass's positions for these frequencies; `key` names them (layers
+        with equal frequencies share the tables), by default their bytes and mscale."""
+        key = key or (freqs.tobytes(), mscale)
+        found = self.rope.get(key)
+        if found is None:
+            found = self.rope[key] = ops.rope_tables(self.pos, freqs, mscale)
+        return found
+
+    def query_span(self, sel: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """(positions, lowest, highest) of one sequence's query rows `sel`."""
+        found = self.query_pos.get(id(sel))
+        if found is None or found[0] is not sel:
+            qpos = self.pos[sel]
+            found = self.query_pos[id(sel)] = (sel, qpos, int(qpos.min()), int(qpos.max()))
+        return found[1:]
 
     def layout(self, queries: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """(the kept rows in order, int64; each sequence's first output row and the end; the
@@ -86,6 +99,7 @@ class AttentionBlock:
         self.sinks = {"sinks": load.vector(prefix + "attn_sinks.weight")} if a.sinks else {}
         factors = load.vector(FREQS_TENSOR) if layer.rope.kind == "llama3" else None
         self.rope_freqs = rope_frequencies(spec.rope_dim, layer.rope_base, layer.rope, factors)
+        self._rope_key = (self.rope_freqs.tobytes(), layer.rope.mscale)
 
     def __call__(self, x, kc: KvArray, vc: KvArray, step: Step,
                  queries: list[np.ndarray]) -> np.ndarray:  # fmt: skip
@@ -100,7 +114,7 @@ class AttentionBlock:
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm, s.rms_eps)
             k = self.ops.rms_norm(k, self.k_norm, s.rms_eps)
-        cos, sin = step.rope_tables(self.rope_freqs, self.layer.rope.mscale)
+        cos, sin = step.rope_tables(self.rope_freqs, self.layer.rope.mscale, self._rope_key)
         self.ops.rope(q, cos, sin, s.rope_neox)
         self.ops.rope(k, cos, sin, s.rope_neox)
         kc.write(step.slots[self.pool], k)
@@ -146,9 +160,9 @@ class AttentionBlock:
         for i, sel in enumerate(queries):
             if sel.size == 0 or i in single:
                 continue
-            qpos = step.pos[sel]
-            hi = int(qpos.max()) + 1
-            lo = 0 if window is None else max(0, int(qpos.min()) - window + 1)
+            qpos, first, last = step.query_span(sel)
+            hi = last + 1
+            lo = 0 if window is None else max(0, first - window + 1)
             # only the keys some query sees are read (the op takes positions from k's first)
             keys = step.key_slots(self.pool, i, lo, hi)
             attn[starts[i] : starts[i + 1]] = self.ops.attention(

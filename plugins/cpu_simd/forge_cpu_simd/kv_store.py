@@ -134,5 +134,8 @@ def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def query_rounding(fmt: KvFormat) -> Callable[[np.ndarray], np.ndarray] | None:
     """How llama.cpp's CPU flash attention rounds Q [rows, dim] before its dot products with K
     stored as `fmt` (the format's vec_dot partner: Q8_0 for the quantized ones)."""
-    return {KvFormat.F16: round_f16, KvFormat.BF16: round_bf16, KvFormat.Q8_0: round_q8_0,
-            KvFormat.Q4_0: round_q8_0}.get(fmt)  # fmt: skip
+    return _QUERY_ROUNDING.get(fmt)
+
+
+_QUERY_ROUNDING = {KvFormat.F16: round_f16, KvFormat.BF16: round_bf16, KvFormat.Q8_0: round_q8_0,
+                   KvFormat.Q4_0: round_q8_0}  # fmt: skip
