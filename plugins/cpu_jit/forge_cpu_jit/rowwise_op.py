@@ -89,10 +89,12 @@ class CompiledRope:
 
 class _CompiledActivation:
     """An elementwise activation op: NumPy's op of the same `name` when the kernels are not
-    there, else `_apply(kernels, x, out)` on the flattened arrays."""
+    there, else on the flattened arrays the compiled `inner` kernel, NumPy's `middle` ufunc in
+    place (the function NumPy's op calls, so the bits are its) and the compiled `outer` one."""
 
     batch_invariant = True
-    name = ""
+    name = inner = outer = ""
+    middle = None  # a NumPy ufunc
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         kernels = _compiled()
@@ -101,29 +103,20 @@ class _CompiledActivation:
 
             return getattr(ops, self.name)(x)
         out = np.empty(x.shape, np.float32)
-        self._apply(kernels, np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+        flat, t = np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
+        getattr(kernels, self.inner)(flat, t)
+        self.middle(t, out=t)
+        getattr(kernels, self.outer)(flat, t)
         return out
 
 
 class CompiledGeluTanh(_CompiledActivation):
     """The "gelu_tanh" op: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
 
-    name = "gelu_tanh"
-
-    @staticmethod
-    def _apply(kernels, x: np.ndarray, t: np.ndarray) -> None:  # noqa: ANN001
-        kernels.gelu_inner(x, t)
-        np.tanh(t, out=t)
-        kernels.gelu_outer(x, t)
+    name, inner, middle, outer = "gelu_tanh", "gelu_inner", np.tanh, "gelu_outer"
 
 
 class CompiledSilu(_CompiledActivation):
     """The "silu" op: x / (1 + exp(-x))."""
 
-    name = "silu"
-
-    @staticmethod
-    def _apply(kernels, x: np.ndarray, e: np.ndarray) -> None:  # noqa: ANN001
-        kernels.negate(x, e)
-        np.exp(e, out=e)
-        kernels.silu_outer(x, e)
+    name, inner, middle, outer = "silu", "negate", np.exp, "silu_outer"
