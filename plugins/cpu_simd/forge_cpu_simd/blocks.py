@@ -34,37 +34,32 @@ class Step:
     keys: dict = field(default_factory=dict)  # decode_attention's padded key slots, by layout
     layouts: dict = field(default_factory=dict)  # query lists' row layouts, by id
     spans: dict = field(default_factory=dict)  # (pool, sequence, lo, hi) -> cache slots to read
-    query_pos: dict = field(default_factory=dict)  # query rows' positions and range, by id
 
     def rope_tables(self, freqs: np.ndarray, mscale: float,
-                    key: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+                    key: tuple) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """cos, sin of the pass's positions for these frequencies; `key` names them (layers
-        with equal frequencies share the tables), by default their bytes and mscale."""
-        key = key or (freqs.tobytes(), mscale)
+        with equal frequencies share the tables)."""
         found = self.rope.get(key)
         if found is None:
             found = self.rope[key] = ops.rope_tables(self.pos, freqs, mscale)
         return found
 
-    def query_span(self, sel: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """(positions, lowest, highest) of one sequence's query rows `sel`."""
-        found = self.query_pos.get(id(sel))
-        if found is None or found[0] is not sel:
-            qpos = self.pos[sel]
-            found = self.query_pos[id(sel)] = (sel, qpos, int(qpos.min()), int(qpos.max()))
-        return found[1:]
-
-    def layout(self, queries: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """(the kept rows in order, int64; each sequence's first output row and the end; the
-        sequences with exactly one query row) of a list of per-sequence query rows: the same
-        for every layer of the pass that attends with that list."""
+    def layout(self, queries: list[np.ndarray]) -> tuple:
+        """Of a list of per-sequence query rows, the same for every layer of the pass that
+        attends with it: the kept rows in order (int64), each sequence's first output row and
+        the end, the sequences with exactly one query row, and per sequence its query rows'
+        (positions, lowest, highest) (None without query rows)."""
         found = self.layouts.get(id(queries))
         if found is None or found[0] is not queries:
             sizes = [sel.size for sel in queries]
             kept = np.concatenate(queries).astype(np.int64)
             starts = np.cumsum([0] + sizes)
             singles = [i for i, n in enumerate(sizes) if n == 1]
-            found = self.layouts[id(queries)] = (queries, kept, starts, singles)
+            ranges = []
+            for sel in queries:
+                qpos = self.pos[sel]
+                ranges.append((qpos, int(qpos.min()), int(qpos.max())) if sel.size else None)
+            found = self.layouts[id(queries)] = (queries, kept, starts, singles, ranges)
         return found[1:]
 
     def key_slots(self, pool: int | None, seq: int, lo: int, hi: int) -> np.ndarray | slice:
@@ -139,7 +134,7 @@ class AttentionBlock:
         """
         s, window = self.spec, self.layer.sliding_window
         past = step.past[self.pool]
-        _, starts, singles = step.layout(queries)
+        _, starts, singles, ranges = step.layout(queries)
         attn = np.empty((starts[-1], s.n_head, s.head_dim_v), np.float32)
         if len(singles) < 2:
             singles = []
@@ -160,7 +155,7 @@ class AttentionBlock:
         for i, sel in enumerate(queries):
             if sel.size == 0 or i in single:
                 continue
-            qpos, first, last = step.query_span(sel)
+            qpos, first, last = ranges[i]
             hi = last + 1
             lo = 0 if window is None else max(0, first - window + 1)
             # only the keys some query sees are read (the op takes positions from k's first)
