@@ -3,7 +3,8 @@
 // Per-row metadata lives in device memory (int32, written by one host->device copy per step, so a
 // captured graph replays with new values): pos[r] (the row's position), slots[r] (its KV-cache
 // slot), btoff[r] (offset of its sequence's block table in the flat table array bt).
-// KV caches: kc [n_slots, n_kv_head, D], vc [n_slots, n_kv_head, Dv], float16 (kv_fmt = KV_F16) or f32;
+// KV caches: kc [n_slots, n_kv_head, D], vc [n_slots, n_kv_head, Dv], rows in the format kv_fmt
+// (kv_format.h: float32, float16, bfloat16, Q8_0 or Q4_0; attention reads that format directly);
 // position p of a sequence lives in slot bt[p / block_size] * block_size + p % block_size.
 //
 // Kernels:
@@ -17,7 +18,7 @@
 // graph serves every length. One split writes the output directly; with more,
 // each block writes its partial (o, max, sum) and the last block of a (row, head) to finish, found
 // through an atomic counter (cnt, zero between launches), merges them: no combine launch.
-#include "forge_hip.h"
+#include "kv_format.h"
 
 #define ATT_MAX_WARPS 8  // blocks of up to 256 threads (8 warps on NVIDIA, 4 on wave64 AMD)
 #define ATT_CHUNK 16  // attn_rows: positions a warp takes at once (slots looked up together)
@@ -30,10 +31,6 @@
 #define ATT_SPLIT_FEW 32
 #define ATT_FEW_BLOCKS 16
 #define ATT_NEG (-3.402823466e38f)
-
-// Whether a cache of format `fmt` holds float16 (KV_F16) rather than float32 (KV_F32): the two
-// formats these kernels read and write.
-FORGE_DEV bool kv_half(int fmt) { return fmt != KV_F32; }
 
 FORGE_DEV void warp_sync() {  // orders a warp's shared-memory writes before its later reads
 #if defined(FORGE_AMD)
@@ -160,26 +157,104 @@ template <int LPP, int VPL> FORGE_DEV void head_weights(const float* nw, int D, 
     }
 }
 
-// Store a head (this lane's elements below n) into a cache row, f16 or f32.
+// The block of 32 values holding this lane's 8 values: max |x| over the block, and for Q4_0 the
+// value of largest magnitude (GGML's: the first of its block when two tie), through the 4 lanes
+// that hold the block (e, e ^ 1, e ^ 2: consecutive 8-value pieces). Every lane of the warp calls.
+FORGE_DEV void kv_block_max(const float* y, int first, float& amax, float& vmax) {
+    int at = 0x7fffffff;
+    amax = 0.0f;
+    vmax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        if (amax < fabsf(y[k])) {
+            amax = fabsf(y[k]);
+            vmax = y[k];
+            at = first + k;
+        }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        const float a2 = shfl_xor(amax, o), v2 = shfl_xor(vmax, o);
+        const int at2 = shfl_xor_int(at, o);
+        if (a2 > amax || (a2 == amax && at2 < at)) {
+            amax = a2;
+            vmax = v2;
+            at = at2;
+        }
+    }
+}
+
+// Round a head (this lane's values, zeros past n) to what a cache of format `fmt` holds, in place,
+// and with `store`, write this lane's values below n into cache row `row`. Quantized formats round
+// as GGML's reference quantizers do (Q8_0: scale max|x| / 127, values rounded half away from zero
+// after multiplying by 1 / scale; Q4_0: scale = (value of largest magnitude) / -8, values
+// truncated from x / scale + 8.5, at most 15; the scale stored as f16). Every lane of the warp
+// calls (the quantized formats reduce over lanes).
 template <int LPP, int VPL>
-FORGE_DEV void head_store(const float* x, void* cache, i64 at, int n, int e, int f16) {
+FORGE_DEV void head_put(float* x, void* cache, i64 row, int n, int e, int fmt, bool store) {
+    char* base = (char*)cache + row * kv_row_bytes(fmt, n);
 #pragma unroll
     for (int v = 0; v < VPL; ++v) {
         const int d = hd<LPP>(8 * v, e);
-        if (d >= n) continue;
-        const float* y = x + 8 * v;
-        if (f16) {
-            V4 h;
-            h.x = (u32)f2h(y[0]) | ((u32)f2h(y[1]) << 16);
-            h.y = (u32)f2h(y[2]) | ((u32)f2h(y[3]) << 16);
-            h.z = (u32)f2h(y[4]) | ((u32)f2h(y[5]) << 16);
-            h.w = (u32)f2h(y[6]) | ((u32)f2h(y[7]) << 16);
-            *(V4*)((u16*)cache + at + d) = h;
-        } else {
-            const F4 a = {y[0], y[1], y[2], y[3]}, b = {y[4], y[5], y[6], y[7]};
-            *(F4*)((float*)cache + at + d) = a;
-            *(F4*)((float*)cache + at + d + 4) = b;
+        float* y = x + 8 * v;
+        const bool put = store && d < n;
+        if (fmt == KV_F32) {
+            if (put) {
+                const F4 a = {y[0], y[1], y[2], y[3]}, b = {y[4], y[5], y[6], y[7]};
+                *(F4*)(base + 4 * d) = a;
+                *(F4*)(base + 4 * d + 16) = b;
+            }
+            continue;
         }
+        if (fmt == KV_F16 || fmt == KV_BF16) {
+            u16 h[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                h[k] = fmt == KV_F16 ? f2h(y[k]) : f2bf(y[k]);
+                y[k] = fmt == KV_F16 ? h2f(h[k]) : bf2f(h[k]);
+            }
+            if (put) {
+                V4 w;
+                w.x = (u32)h[0] | ((u32)h[1] << 16);
+                w.y = (u32)h[2] | ((u32)h[3] << 16);
+                w.z = (u32)h[4] | ((u32)h[5] << 16);
+                w.w = (u32)h[6] | ((u32)h[7] << 16);
+                *(V4*)(base + 2 * d) = w;
+            }
+            continue;
+        }
+        float amax, vmax;
+        kv_block_max(y, d, amax, vmax);
+        const bool q8 = fmt == KV_Q8_0;
+        const float scale = q8 ? amax / 127.0f : vmax / -8.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        const u16 sh = f2h(scale);
+        const float sr = h2f(sh);  // the scale as stored
+        u32 lo = 0u, hi = 0u;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            int c;
+            if (q8) c = (int)roundf(y[k] * inv);
+            else {
+                c = (int)(mul_rn(y[k], inv) + 8.5f);
+                c = c < 15 ? c : 15;
+            }
+            y[k] = (float)(q8 ? c : c - 8) * sr;
+            if (q8) {
+                if (k < 4) lo |= ((u32)c & 0xffu) << (8 * k);
+                else hi |= ((u32)c & 0xffu) << (8 * (k - 4));
+            } else {
+                lo |= (u32)c << (4 * k);
+            }
+        }
+        if (!put) continue;
+        if (q8) {
+            *(u32*)(base + d) = lo;
+            *(u32*)(base + d + 4) = hi;
+        } else {
+            *(u32*)(base + d / 2) = lo;
+        }
+        if (d % KV_BLOCK == 0) *(u16*)(base + (q8 ? n : n / 2) + 2 * (d / KV_BLOCK)) = sh;
     }
 }
 
@@ -193,9 +268,21 @@ FORGE_DEV void head_store(const float* x, void* cache, i64 at, int n, int e, int
         else CALL((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));                 \
     } while (0)
 
+// Dispatch on the cache's format: CALL(L, V, KV_*) for the runtime format fmt.
+#define KV_DISPATCH(fmt, CALL, L, V)                    \
+    do {                                                \
+        switch (fmt) {                                  \
+        case KV_F16: CALL(L, V, KV_F16); break;         \
+        case KV_BF16: CALL(L, V, KV_BF16); break;       \
+        case KV_Q8_0: CALL(L, V, KV_Q8_0); break;       \
+        case KV_Q4_0: CALL(L, V, KV_Q4_0); break;       \
+        default: CALL(L, V, KV_F32);                    \
+        }                                               \
+    } while (0)
+
 // One Q or K head of qk_rope_store, in one warp: norm and RoPE in place (k: and into the cache).
 template <int LPP, int VPL>
-FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, int D, int n_rot,
+FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 row, bool is_q, int D, int n_rot,
                        int neox, const float* rc, float eps, int kv_fmt, float* xch) {
     const int lane = threadIdx.x % FORGE_WARP, e = lane % LPP, grp = lane / LPP;
     float x[8 * VPL], w[8 * VPL], c[8 * VPL], s[8 * VPL];
@@ -204,12 +291,22 @@ FORGE_DEV void qk_head(float* xh, const float* nw, void* kc, i64 at, bool is_q, 
     head_load<LPP, VPL>(xh, D, e, x);
     head_norm_rope<LPP, VPL>(x, w, nw != nullptr, c, s, xch, D, n_rot, neox, eps, 1.0f, e,
                              grp == 0);
-    if (grp != 0) return;
+    if (grp == 0) {
 #pragma unroll
-    for (int i = 0; i < 8 * VPL; ++i) {
-        if (hd<LPP>(i, e) < D) xh[hd<LPP>(i, e)] = x[i];
+        for (int i = 0; i < 8 * VPL; ++i) {
+            if (hd<LPP>(i, e) < D) xh[hd<LPP>(i, e)] = x[i];
+        }
     }
-    if (!is_q) head_store<LPP, VPL>(x, kc, at, D, e, kv_half(kv_fmt));
+    if (!is_q) head_put<LPP, VPL>(x, kc, row, D, e, kv_fmt, grp == 0);
+}
+
+// One V head of qk_rope_store, in one warp: into the cache (quantized and bfloat16 formats).
+template <int LPP, int VPL>
+FORGE_DEV void v_head(const float* src, void* vc, i64 row, int Dv, int kv_fmt) {
+    const int lane = threadIdx.x % FORGE_WARP, e = lane % LPP;
+    float x[8 * VPL];
+    head_load<LPP, VPL>(src, Dv, e, x);
+    head_put<LPP, VPL>(x, vc, row, Dv, e, kv_fmt, lane < LPP);
 }
 
 // Per head of each row: Q heads get (optional) RMSNorm and RoPE in place; K heads get the same and
@@ -234,9 +331,15 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
         const int vh = blockIdx.x - qk_blocks;
         const float* src = v + ((i64)r * Hkv + vh) * Dv;
         const i64 dst = (slot * Hkv + vh) * Dv;
-        for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
-            if (kv_half(kv_fmt)) ((u16*)vc)[dst + d] = f2h(src[d]);
-            else ((float*)vc)[dst + d] = src[d];
+        if (kv_fmt == KV_F16 || kv_fmt == KV_F32) {
+            for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+                if (kv_fmt == KV_F16) ((u16*)vc)[dst + d] = f2h(src[d]);
+                else ((float*)vc)[dst + d] = src[d];
+            }
+        } else if (warp == 0) {
+#define V_HEAD(L, V) v_head<L, V>(src, vc, slot * Hkv + vh, Dv, kv_fmt)
+            ATT_LAYOUT(Dv, Dv, V_HEAD);
+#undef V_HEAD
         }
         return;
     }
@@ -246,10 +349,10 @@ FORGE_KERNEL void qk_rope_store(float* __restrict__ q, float* __restrict__ k,
     if (j >= H + Hkv) return;
     const bool is_q = j < H;
     float* xh = is_q ? q + ((i64)r * H + j) * D : k + ((i64)r * Hkv + (j - H)) * D;
-    const i64 at = (slot * Hkv + (j - H)) * D;
     float* wx = xch + warp * LAYER_MAX_D;
+    const i64 krow = slot * Hkv + (j - H);  // (a K head's cache row)
 #define QK_HEAD(L, V) \
-    qk_head<L, V>(xh, is_q ? qnw : knw, kc, at, is_q, D, n_rot, neox, rc, eps, kv_fmt, wx)
+    qk_head<L, V>(xh, is_q ? qnw : knw, kc, krow, is_q, D, n_rot, neox, rc, eps, kv_fmt, wx)
     ATT_LAYOUT(D, Dv, QK_HEAD);
 #undef QK_HEAD
 }
@@ -291,43 +394,79 @@ struct AttArgs {
 
 FORGE_DEV u32 word(const V4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// Element i of a lane's slice, from its 16-byte words (8 halves or 4 floats each).
-template <bool F16>
-FORGE_DEV float elem(const V4* w, int i) {
-    if (F16) {
+// A lane's slice of a cache row is held as words of 16 bytes: 8 halves or bfloat16s, 4 floats,
+// or for the quantized formats one 8-value piece (Q8_0: its values in x and y; Q4_0: in x) with
+// the block's scale as a float in z.
+
+// The value of element i of a lane's slice without its scale (the quantized formats' integer).
+template <int FMT>
+FORGE_DEV float elem_code(const V4* w, int i) {
+    if (FMT == KV_F16 || FMT == KV_BF16) {
         const u32 x = word(w[i / 8], (i % 8) / 2);
-        return h2f((u16)(i % 2 ? x >> 16 : x & 0xffffu));
+        const u16 h = (u16)(i % 2 ? x >> 16 : x & 0xffffu);
+        return FMT == KV_F16 ? h2f(h) : bf2f(h);
     }
+    if (FMT == KV_Q8_0) {
+        const V4& p = w[i / 8];
+        return (float)(i8)(((i % 8) < 4 ? p.x : p.y) >> (8 * (i % 4)));
+    }
+    if (FMT == KV_Q4_0) return (float)((int)((w[i / 8].x >> (4 * (i % 8))) & 15u) - 8);
     return bits_to_float(word(w[i / 4], i % 4));
 }
 
+// The scale of the piece holding element i (1 for the formats without one).
+template <int FMT> FORGE_DEV float elem_scale(const V4* w, int i) {
+    return kv_quant(FMT) ? bits_to_float(w[i / 8].z) : 1.0f;
+}
+
+// The word of cache row `row` (n values) holding value d and the values after it that a word
+// holds (d a multiple of 8; of 4 for float32).
+template <int FMT> FORGE_DEV V4 kv_word(const void* cache, i64 row, int n, int d) {
+    const char* at = (const char*)cache + row * kv_row_bytes(FMT, n);
+    if (FMT == KV_F32) return *(const V4*)(at + 4 * d);
+    if (!kv_quant(FMT)) return *(const V4*)(at + 2 * d);
+    V4 w;
+    if (FMT == KV_Q8_0) {
+        const u64 c = *(const u64*)(at + d);
+        w.x = (u32)c;
+        w.y = (u32)(c >> 32);
+    } else {
+        w.x = *(const u32*)(at + d / 2);
+        w.y = 0u;
+    }
+    w.z = float_to_bits(kv_scale(at, FMT, n, d));
+    w.w = 0u;
+    return w;
+}
+
 // Start moving the cached K and V rows of positions [begin, end) of KV head kvh into L2 (the
-// whole block shares the work; NVIDIA only, a no-op elsewhere). eb: bytes per cache element.
-FORGE_DEV void att_prefetch(const AttArgs& a, int eb) {
+// whole block shares the work; NVIDIA only, a no-op elsewhere). fmt: the cache's format.
+FORGE_DEV void att_prefetch(const AttArgs& a, int fmt) {
 #if defined(FORGE_NV)
-    const int kl = (a.D * eb + 127) / 128, vl = (a.Dv * eb + 127) / 128, per = kl + vl;
+    const int krb = kv_row_bytes(fmt, a.D), vrb = kv_row_bytes(fmt, a.Dv);
+    const int kl = (krb + 127) / 128, vl = (vrb + 127) / 128, per = kl + vl;
     for (int t = threadIdx.x; t < (a.end - a.begin) * per; t += blockDim.x) {
         const int p = a.begin + t / per, line = t % per;
         const i64 slot = (i64)a.table[p / a.block_size] * a.block_size + p % a.block_size;
-        const char* at = line < kl ? (const char*)a.kc + ((slot * a.Hkv + a.kvh) * a.D) * eb
-                                          + 128 * line
-                                   : (const char*)a.vc + ((slot * a.Hkv + a.kvh) * a.Dv) * eb
+        const char* at = line < kl ? (const char*)a.kc + (slot * a.Hkv + a.kvh) * krb + 128 * line
+                                   : (const char*)a.vc + (slot * a.Hkv + a.kvh) * vrb
                                           + 128 * (line - kl);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
     }
 #else
     (void)a;
-    (void)eb;
+    (void)fmt;
 #endif
 }
 
 // The register tiles of the attention loop: a warp holds G = FORGE_WARP / LPP positions at once
 // (one per group of LPP lanes, each lane 8 VPL elements of the K and V rows in the hd() layout,
 // as 16-byte words), U such steps per load round: CH = G U positions per round.
-template <int LPP, int VPL, bool F16> struct AttShape {
-    static constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = F16 ? VPL : 2 * VPL;
-    // steps per round: 8 when a warp holds one position (wide heads) of a float16 cache
-    static constexpr int U = VPL == 2 ? 2 : (G == 1 && F16 ? 8 : 4);
+template <int LPP, int VPL, int FMT> struct AttShape {
+    static constexpr bool WIDE = FMT == KV_F32;  // two words per 8 values
+    static constexpr int G = FORGE_WARP / LPP, E = 8 * VPL, NW = WIDE ? 2 * VPL : VPL;
+    // steps per round: 8 when a warp holds one position (wide heads) of a 16-bit or smaller cache
+    static constexpr int U = VPL == 2 ? 2 : (G == 1 && !WIDE ? 8 : 4);
     static constexpr int CH = G * U;
 };
 
@@ -344,43 +483,51 @@ FORGE_DEV int att_slot(const AttArgs& a, int c0, int lane, int n) {
 
 // Load round positions c0 + t0 + u G + grp (u < U; lane j of `my` holds the slot of c0 + j):
 // this lane's K and V pieces, zeros past a.end or past the head.
-template <int LPP, int VPL, bool F16>
-FORGE_DEV void att_load(const AttArgs& a, AttTile<AttShape<LPP, VPL, F16>>& t, int my, int c0,
+template <int LPP, int VPL, int FMT>
+FORGE_DEV void att_load(const AttArgs& a, AttTile<AttShape<LPP, VPL, FMT>>& t, int my, int c0,
                         int t0, int lane) {
-    using S = AttShape<LPP, VPL, F16>;
+    using S = AttShape<LPP, VPL, FMT>;
     const int e = lane % LPP, grp = lane / LPP;
-    const i64 kstride = (i64)a.Hkv * a.D, vstride = (i64)a.Hkv * a.Dv;
-    constexpr int per_word = F16 ? 8 : 4;  // elements per 16-byte word
+    constexpr int per_word = S::WIDE ? 4 : 8;  // elements per word
     const V4 z = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
         const int j = t0 + u * S::G + grp;
         const bool in = c0 + j < a.end;
-        const i64 slot = shfl_idx(my, j % FORGE_WARP);
-        const i64 kb = slot * kstride + (i64)a.kvh * a.D + 8 * e;
-        const i64 vb = slot * vstride + (i64)a.kvh * a.Dv + 8 * e;
+        const i64 row = (i64)shfl_idx(my, j % FORGE_WARP) * a.Hkv + a.kvh;
 #pragma unroll
         for (int w = 0; w < S::NW; ++w) {
             const int v = w * per_word / 8;  // which 8-element piece
-            const int off = v * 8 * LPP + (w * per_word) % 8;
+            const int d = hd<LPP>(8 * v, e) + (w * per_word) % 8;
             const bool kon = in && hd<LPP>(8 * v, e) < a.D, von = in && hd<LPP>(8 * v, e) < a.Dv;
-            t.k[u][w] = kon ? *(const V4*)((const char*)a.kc + (F16 ? 2 : 4) * (kb + off)) : z;
-            t.v[u][w] = von ? *(const V4*)((const char*)a.vc + (F16 ? 2 : 4) * (vb + off)) : z;
+            t.k[u][w] = kon ? kv_word<FMT>(a.kc, row, a.D, d) : z;
+            t.v[u][w] = von ? kv_word<FMT>(a.vc, row, a.Dv, d) : z;
         }
     }
 }
 
 // Online softmax over a loaded round: `left` positions from the round's first are real.
-template <int LPP, int VPL, bool F16>
-FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, F16>>& t, const float* q, int left,
+// The quantized formats apply each piece's scale once to its 8 products.
+template <int LPP, int VPL, int FMT>
+FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, FMT>>& t, const float* q, int left,
                          int grp, float& m, float& l, float* acc) {
-    using S = AttShape<LPP, VPL, F16>;
+    using S = AttShape<LPP, VPL, FMT>;
     float sc[S::U], mx = m;
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
         float dot = 0.0f;
+        if (kv_quant(FMT)) {
 #pragma unroll
-        for (int i = 0; i < S::E; ++i) dot += q[i] * elem<F16>(t.k[u], i);
+            for (int v = 0; v < VPL; ++v) {
+                float pd = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) pd += q[8 * v + k] * elem_code<FMT>(t.k[u], 8 * v + k);
+                dot += pd * elem_scale<FMT>(t.k[u], 8 * v);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::E; ++i) dot += q[i] * elem_code<FMT>(t.k[u], i);
+        }
 #pragma unroll
         for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
         sc[u] = u * S::G + grp < left ? dot : ATT_NEG;
@@ -394,8 +541,19 @@ FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, F16>>& t, const float*
     for (int u = 0; u < S::U; ++u) {
         const float pu = u * S::G + grp < left ? expf(sc[u] - mx) : 0.0f;
         l += pu;
+        if (kv_quant(FMT)) {
 #pragma unroll
-        for (int i = 0; i < S::E; ++i) acc[i] += pu * elem<F16>(t.v[u], i);
+            for (int v = 0; v < VPL; ++v) {
+                const float ps = pu * elem_scale<FMT>(t.v[u], 8 * v);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    acc[8 * v + k] += ps * elem_code<FMT>(t.v[u], 8 * v + k);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::E; ++i) acc[i] += pu * elem_code<FMT>(t.v[u], i);
+        }
     }
     m = mx;
 }
@@ -403,18 +561,18 @@ FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, F16>>& t, const float*
 // Each warp's online softmax over its chunks of CHK positions of [begin, end) (chunk c0 = begin +
 // CHK (warp + nwarps k), rounds of CH within it), continuing (m, l, acc). `loaded`: t already
 // holds the first round of the warp's first chunk and `my` its slots.
-template <int LPP, int VPL, bool F16, int CHK>
-FORGE_DEV void attend_run(const AttArgs& a, const float* q, AttTile<AttShape<LPP, VPL, F16>>& t,
+template <int LPP, int VPL, int FMT, int CHK>
+FORGE_DEV void attend_run(const AttArgs& a, const float* q, AttTile<AttShape<LPP, VPL, FMT>>& t,
                           bool loaded, int my, float& m, float& l, float* acc) {
-    using S = AttShape<LPP, VPL, F16>;
+    using S = AttShape<LPP, VPL, FMT>;
     const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
     const int nwarps = blockDim.x / FORGE_WARP, first = a.begin + warp * CHK;
     for (int c0 = first; c0 < a.end; c0 += nwarps * CHK) {
         if (!loaded || c0 != first) my = att_slot(a, c0, lane, CHK);
         const int cn = a.end - c0 < CHK ? a.end - c0 : CHK;
         for (int t0 = 0; t0 < cn; t0 += S::CH) {
-            if (!loaded || c0 != first || t0 != 0) att_load<LPP, VPL, F16>(a, t, my, c0, t0, lane);
-            att_score<LPP, VPL, F16>(t, q, cn - t0, lane / LPP, m, l, acc);
+            if (!loaded || c0 != first || t0 != 0) att_load<LPP, VPL, FMT>(a, t, my, c0, t0, lane);
+            att_score<LPP, VPL, FMT>(t, q, cn - t0, lane / LPP, m, l, acc);
         }
     }
 }
@@ -448,9 +606,9 @@ FORGE_DEV void att_warp_out(float m, float l, float* acc, int Dv, float* wm, flo
 
 // attn_rows' attention of each warp over its chunks of [begin, end) (16 positions at least per
 // slot lookup); qs: the scaled query in shared memory. D and Dv multiples of 8, at most 8 LPP VPL.
-template <int LPP, int VPL, bool F16>
+template <int LPP, int VPL, int FMT>
 FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
-    using S = AttShape<LPP, VPL, F16>;
+    using S = AttShape<LPP, VPL, FMT>;
     const int e = (threadIdx.x % FORGE_WARP) % LPP;
     float q[S::E], acc[S::E], m = ATT_NEG, l = 0.0f;
 #pragma unroll
@@ -460,15 +618,8 @@ FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, f
     }
     AttTile<S> t;
     constexpr int CHK = S::CH > ATT_CHUNK ? S::CH : ATT_CHUNK;
-    attend_run<LPP, VPL, F16, CHK>(a, q, t, false, 0, m, l, acc);
+    attend_run<LPP, VPL, FMT, CHK>(a, q, t, false, 0, m, l, acc);
     att_warp_out<LPP, VPL>(m, l, acc, a.Dv, wm, wl, wacc);
-}
-
-template <bool F16>
-FORGE_DEV void attend_any(const AttArgs& a, const float* qs, float* wm, float* wl, float* wacc) {
-#define ATTEND(L, V) attend<L, V, F16>(a, qs, wm, wl, wacc)
-    ATT_LAYOUT(a.D, a.Dv, ATTEND);
-#undef ATTEND
 }
 
 // Merge the block's entries (its warps, plus the row's own position when given as one more),
@@ -556,8 +707,11 @@ FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_rows(const float* __restri
     a.Dv = Dv;
     a.begin = sp.begin;
     a.end = sp.end;
-    if (kv_half(kv_fmt)) attend_any<true>(a, qs, wm, wl, wacc);
-    else attend_any<false>(a, qs, wm, wl, wacc);
+#define ATTEND_FMT(L, V, F) attend<L, V, F>(a, qs, wm, wl, wacc)
+#define ATTEND(L, V) KV_DISPATCH(kv_fmt, ATTEND_FMT, L, V)
+    ATT_LAYOUT(a.D, a.Dv, ATTEND);
+#undef ATTEND
+#undef ATTEND_FMT
     att_finish(wm, wl, wacc, blockDim.x / FORGE_WARP, Dv, sp.n_eff, s, gridDim.z,
                (i64)r * H + h, part_o, part_ml, cnt, out, &flag, sinks ? sinks + h : nullptr);
 }
@@ -585,10 +739,10 @@ struct DecArgs {
 // the same for the K head, starts its softmax with that position from registers (not from the
 // cache) and, for the first query head of the KV group, stores K and V. Before the wait each warp
 // loads its first round of cached K/V, the RoPE coefficients and the norm weights.
-template <int LPP, int VPL, bool F16>
+template <int LPP, int VPL, int FMT>
 FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* wl, float* wacc,
                                  int* flag) {
-    using S = AttShape<LPP, VPL, F16>;
+    using S = AttShape<LPP, VPL, FMT>;
     constexpr int E = S::E;
     const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
     const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
@@ -616,10 +770,10 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
     if (active) {
         const int c0 = a.begin + warp * S::CH;
         my = att_slot(a, c0, lane, S::CH);
-        if (c0 < a.end) att_load<LPP, VPL, F16>(a, t, my, c0, 0, lane);
+        if (c0 < a.end) att_load<LPP, VPL, FMT>(a, t, my, c0, 0, lane);
         AttArgs rest = a;  // the later rounds into L2
         rest.begin = a.begin + nwarps * S::CH;
-        if (rest.begin < rest.end) att_prefetch(rest, F16 ? 2 : 4);
+        if (rest.begin < rest.end) att_prefetch(rest, FMT);
         rope_table(rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base, g.freqs, g.mscale);
         head_weights<LPP, VPL>(g.qnw, g.D, e, qw);
         if (self) head_weights<LPP, VPL>(g.knw, g.D, e, kw);
@@ -642,30 +796,25 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
     if (self) {
         head_norm_rope<LPP, VPL>(kx, kw, g.knw != nullptr, c, sn, xch, g.D, g.n_rot, g.neox,
                                  g.eps, 1.0f, e, grp == 0);
+        // K and V as the cache holds them (as read back later); the first query head of the KV
+        // group stores them
+        const i64 row = (i64)g.slots[r] * g.Hkv + kvh;
+        const bool store = grp == 0 && h % group == 0;
+        head_put<LPP, VPL>(kx, g.kc, row, g.D, e, FMT, store);
+        head_put<LPP, VPL>(vx, g.vc, row, g.Dv, e, FMT, store);
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; ++i) {  // the cache's rounding, as read back later
-            if (F16) {
-                kx[i] = h2f(f2h(kx[i]));
-                vx[i] = h2f(f2h(vx[i]));
-            }
-            dot += q[i] * kx[i];
-        }
+        for (int i = 0; i < E; ++i) dot += q[i] * kx[i];
 #pragma unroll
         for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
         if (grp == 0) {  // one group holds the position (the warp's groups are summed)
-            if (h % group == 0) {
-                const i64 slot = g.slots[r];
-                head_store<LPP, VPL>(kx, g.kc, (slot * g.Hkv + kvh) * g.D, g.D, e, F16);
-                head_store<LPP, VPL>(vx, g.vc, (slot * g.Hkv + kvh) * g.Dv, g.Dv, e, F16);
-            }
             m = dot;
             l = 1.0f;
 #pragma unroll
             for (int i = 0; i < E; ++i) acc[i] = vx[i];
         }
     }
-    attend_run<LPP, VPL, F16, S::CH>(a, q, t, true, my, m, l, acc);
+    attend_run<LPP, VPL, FMT, S::CH>(a, q, t, true, my, m, l, acc);
     att_warp_out<LPP, VPL>(m, l, acc, g.Dv, wm, wl, wacc);
     att_finish(wm, wl, wacc, nwarps, g.Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, g.part_o,
                g.part_ml, g.cnt, g.out, flag, g.sinks ? g.sinks + h : nullptr);
@@ -693,11 +842,8 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
                        out, Hkv, D, Dv, n_rot, neox, base, freq_scale, freqs, mscale, eps,     \
                        block_size, scale, window, kv_fmt, sinks};                              \
     DISPATCH
-#define DECODE_HEAD(L, V)                                                          \
-    do {                                                                           \
-        if (kv_half(kv_fmt)) attn_decode_head<L, V, true>(g, rc, wm, wl, wacc, &flag);      \
-        else attn_decode_head<L, V, false>(g, rc, wm, wl, wacc, &flag);            \
-    } while (0)
+#define DECODE_FMT(L, V, F) attn_decode_head<L, V, F>(g, rc, wm, wl, wacc, &flag)
+#define DECODE_HEAD(L, V) KV_DISPATCH(kv_fmt, DECODE_FMT, L, V)
 
 FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w64(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(8, 1);)
@@ -712,3 +858,4 @@ FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w512(ATT_DECODE_PAR
     ATT_DECODE_BODY(DECODE_HEAD((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));)
 }
 #undef DECODE_HEAD
+#undef DECODE_FMT

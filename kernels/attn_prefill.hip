@@ -2,7 +2,7 @@
 // over the paged KV cache that qk_rope_store (attention.hip) has just filled.
 //
 // Inputs as attention.hip's attn_rows takes them: q [R, H, D] (normed, rotated, float32),
-// kc [n_slots, Hkv, D] / vc [n_slots, Hkv, Dv] (float16 when kv_mode > 0, else float32), per row r
+// kc [n_slots, Hkv, D] / vc [n_slots, Hkv, Dv] (rows in the cache's format, kv_format.h), per row r
 // pos[r] and btoff[r] (its sequence's block table bt + btoff[r]; position p lives in slot
 // table[p / block_size] * block_size + p % block_size). Row r attends to positions lo .. pos[r]
 // of its own sequence, lo = pos[r] + 1 - window when window > 0 and that is > 0, else 0.
@@ -17,20 +17,24 @@
 // columns of the output (Dv wider than that takes several blocks, each recomputing the scores).
 // Blocks with the most keys (the last rows) start first.
 //
-// kv_mode: 0 float32 cache; 1 float16 cache, rounded operands allowed; 2 float16 cache, float32
-// math (the SIMT path everywhere, what a prefill that must match the decode kernels uses).
-// NVIDIA, kv_mode = 1: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles of BK
-// positions copied into shared memory by cp.async (the next K tile loads during this tile's
-// softmax and P V, the next V tile during the next scores), S = Q K^T and O += P V by
+// kv_mode: the cache's format (KV_*), plus AP_TENSOR_CORES for a float16, Q8_0 or Q4_0 cache whose
+// products may round their operands. Without the flag, the SIMT path in float32 (everywhere; what
+// a prefill that must match the decode kernels uses; bfloat16 caches always), its tiles
+// dequantized as they load.
+// NVIDIA, with AP_TENSOR_CORES: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles
+// of BK positions copied into shared memory by cp.async (the next K tile loads during this tile's
+// softmax and P V, the next V tile during the next scores; a quantized cache's tiles are
+// converted to float16 on their way, loaded when issued), S = Q K^T and O += P V by
 // mma.sync m16n8k16 (float16 operands, float32 accumulators), online softmax in float32 with
 // exp2. Rounding: Q and P are rounded to float16 (as llama.cpp's f16 K/V products round them).
-// Elsewhere (AMD, and kv_mode 0 or 2): a SIMT path in float32, 4 threads per row, tiles of
+// Elsewhere (AMD, and the other modes): a SIMT path in float32, 4 threads per row, tiles of
 // AP_SIMT_BK positions in shared memory as float32, 32 rows at a time (two passes per block).
 //
-// Kernels attn_prefill_64 / _128 / _256: D padded to DP = 64 / 128 / 256 (zeros past D). kv_mode = 1
-// needs D and Dv multiples of 8 (16-byte rows). grid = (ceil(R * G / AP_ROWS), Hkv,
+// Kernels attn_prefill_64 / _128 / _256 (float caches) and attn_prefill_q64 / _q128 / _q256 (Q8_0
+// and Q4_0 caches): D padded to DP = 64 / 128 / 256 (zeros past D). Tensor cores
+// need D and Dv multiples of 8 (16-byte rows). grid = (ceil(R * G / AP_ROWS), Hkv,
 // ceil(Dv / AP_DVC(DP))), block = AP_THREADS.
-#include "forge_hip.h"
+#include "kv_format.h"
 
 #define AP_ROWS 64
 #define AP_SIMT_BK 16
@@ -131,13 +135,9 @@ FORGE_DEV void ap_range(const ApArgs& a, int tok, int sa, int sb, int& lo, int& 
 
 // ---- portable SIMT path (float32) ------------------------------------------------------------
 
-template <bool F16> FORGE_DEV float ap_at(const void* c, i64 i) {
-    return F16 ? h2f(((const u16*)c)[i]) : ((const float*)c)[i];
-}
-
 // Positions k0 .. k0 + AP_SIMT_BK - 1 of one head into dst [AP_SIMT_BK][W] (zeros past kend or
 // past `width` columns).
-template <int W, bool F16>
+template <int W, int FMT>
 FORGE_DEV void ap_simt_tile(float* dst, const void* cache, const i32* table, int bs, int Hkv,
                             int kvh, int width, int col0, int k0, int kend) {
     for (int e = threadIdx.x; e < AP_SIMT_BK * W; e += AP_THREADS) {
@@ -145,13 +145,13 @@ FORGE_DEV void ap_simt_tile(float* dst, const void* cache, const i32* table, int
         float v = 0.0f;
         if (p < kend && col0 + d < width) {
             const i64 slot = (i64)table[p / bs] * bs + p % bs;
-            v = ap_at<F16>(cache, (slot * Hkv + kvh) * width + col0 + d);
+            v = kv_elem<FMT>(cache, slot * Hkv + kvh, width, col0 + d);
         }
         dst[e] = v;
     }
 }
 
-template <int DP, bool F16> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) {
+template <int DP, int FMT> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) {
     constexpr int DVC = AP_DVC(DP), NQ = DP / 4, NO = DVC / 4;
     float* Ks = smem;
     float* Vs = smem + AP_SIMT_BK * DP;
@@ -174,8 +174,8 @@ template <int DP, bool F16> FORGE_DEV void ap_simt(const ApArgs& a, float* smem)
             ap_range(a, r.tok, sa, seg.last, lo, hi);
             for (int k0 = seg.kbeg; k0 < seg.kend; k0 += AP_SIMT_BK) {
                 __syncthreads();  // the previous tile is consumed
-                ap_simt_tile<DP, F16>(Ks, a.kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0, seg.kend);
-                ap_simt_tile<DVC, F16>(Vs, a.vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0,
+                ap_simt_tile<DP, FMT>(Ks, a.kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0, seg.kend);
+                ap_simt_tile<DVC, FMT>(Vs, a.vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0,
                                        seg.kend);
                 __syncthreads();
                 float s[AP_SIMT_BK], mx = m;
@@ -260,29 +260,61 @@ FORGE_DEV int ap_slot(const i32* table, int bs, int p, int kend) {
     return p < kend ? table[p / bs] * bs + p % bs : -1;
 }
 
+// Values d .. d + 7 of a quantized cache row (`width` values) as 8 halves: the value rounded to
+// float16, as llama.cpp's flash attention converts a quantized cache for its matrix products.
+template <int FMT> FORGE_DEV uint4 ap_quant8(const char* row, int width, int d) {
+    const float s = kv_scale(row, FMT, width, d);
+    float v[8];
+    if (FMT == KV_Q8_0) {
+        const u32 lo = *(const u32*)(row + d), hi = *(const u32*)(row + d + 4);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = (float)(i8)((k < 4 ? lo : hi) >> (8 * (k % 4))) * s;
+    } else {
+        const u32 q = *(const u32*)(row + d / 2);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = (float)((int)((q >> (4 * k)) & 15u) - 8) * s;
+    }
+    return make_uint4(ap_h2(v[0], v[1]), ap_h2(v[2], v[3]), ap_h2(v[4], v[5]), ap_h2(v[6], v[7]));
+}
+
 // The BK positions whose cache slots are in `slots` (-1: none), one head (W columns from col0,
-// `width` per cache row), into dst [BK][ld] by cp.async; zeros for no slot or past width.
-template <int W, int BK>
-FORGE_DEV void ap_mma_tile(u16* dst, int ld, const u16* cache, const i32* slots, int Hkv, int kvh,
+// `width` per cache row), into dst [BK][ld] as float16: a float16 cache by cp.async, a quantized
+// one converted here; zeros for no slot or past width.
+template <int W, int BK, int FMT>
+FORGE_DEV void ap_mma_tile(u16* dst, int ld, const void* cache, const i32* slots, int Hkv, int kvh,
                            int width, int col0) {
     constexpr int CPR = W / 8;  // 16-byte pieces per row
     static_assert(BK * CPR % AP_THREADS == 0, "whole tile rounds");
+    const int rb = kv_row_bytes(FMT, width);
+    if (FMT == KV_F16) {
 #pragma unroll
-    for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
-        const int c = threadIdx.x + it * AP_THREADS;
-        const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
-        const bool ok = slot >= 0 && col0 + col < width;
-        const u16* src = ok ? cache + ((i64)slot * Hkv + kvh) * width + col0 + col : cache;
-        ap_cp16(dst + key * ld + col, src, ok);
+        for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
+            const int c = threadIdx.x + it * AP_THREADS;
+            const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
+            const bool ok = slot >= 0 && col0 + col < width;
+            const char* row = (const char*)cache + ((i64)slot * Hkv + kvh) * rb;
+            ap_cp16(dst + key * ld + col, ok ? row + 2 * (col0 + col) : cache, ok);
+        }
+    } else {
+        // (one piece at a time: the loop runs while the scores and outputs hold most registers)
+#pragma unroll 1
+        for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
+            const int c = threadIdx.x + it * AP_THREADS;
+            const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
+            const bool ok = slot >= 0 && col0 + col < width;
+            const char* row = (const char*)cache + ((i64)slot * Hkv + kvh) * rb;
+            *(uint4*)(dst + key * ld + col) = ok ? ap_quant8<FMT>(row, width, col0 + col)
+                                                 : make_uint4(0u, 0u, 0u, 0u);
+        }
     }
 }
 
-template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
+template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     constexpr int DVC = AP_DVC(DP), BK = AP_BK(DP), LDK = ApSmem<DP>::LDK, LDV = ApSmem<DP>::LDV;
     u16* Ks = smem;
     u16* Vs = smem + BK * LDK;
-    const u16* kc = (const u16*)a.kc;
-    const u16* vc = (const u16*)a.vc;
+    const void* kc = a.kc;
+    const void* vc = a.vc;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const ApRow ra = ap_row(a, warp * 16 + (lane >> 2)), rb = ap_row(a, warp * 16 + (lane >> 2) + 8);
 
@@ -317,9 +349,9 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             a.s_slot[threadIdx.x] = ap_slot(table, a.bs, seg.kbeg + threadIdx.x, seg.kend);
         }
         __syncthreads();
-        ap_mma_tile<DP, BK>(Ks, LDK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
+        ap_mma_tile<DP, BK, FMT>(Ks, LDK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
         ap_commit();
-        ap_mma_tile<DVC, BK>(Vs, LDV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
+        ap_mma_tile<DVC, BK, FMT>(Vs, LDV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
         ap_commit();
         for (int k0 = seg.kbeg, j = 0; k0 < seg.kend; k0 += BK, ++j) {
             const bool more = k0 + BK < seg.kend;
@@ -352,7 +384,7 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             }
             if (more && threadIdx.x < BK) nxt[threadIdx.x] = nslot;
             __syncthreads();  // every warp is done with K; the next slots are stored
-            if (more) ap_mma_tile<DP, BK>(Ks, LDK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
+            if (more) ap_mma_tile<DP, BK, FMT>(Ks, LDK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
             ap_commit();
             u32 pf[BK / 16][4];
             if (live) {
@@ -416,7 +448,7 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                 }
             }
             __syncthreads();  // every warp is done with V
-            if (more) ap_mma_tile<DVC, BK>(Vs, LDV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
+            if (more) ap_mma_tile<DVC, BK, FMT>(Vs, LDV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
             ap_commit();
         }
         ap_wait<0>();
@@ -444,7 +476,9 @@ template <int DP> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
 
 // ---- the kernels -------------------------------------------------------------------------------
 
-template <int DP>
+// QUANT: the kernels for Q8_0 and Q4_0 caches (attn_prefill_q<DP>); the others take float caches
+// (kernels of their own, so that neither set's registers are allocated for the other's loops).
+template <int DP, bool QUANT>
 FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
                        const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
                        int Dv, int block_size, float scale, int window, int kv_mode,
@@ -482,17 +516,29 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     a.s_off = s_off;
     a.s_slot = s_slot;
     __syncthreads();
+    const int fmt = kv_mode & ~AP_TENSOR_CORES;
 #if defined(FORGE_NV)
-    if (kv_mode == 1) {
-        ap_tc<DP>(a, smem);
+    if (kv_mode & AP_TENSOR_CORES) {
+        if (!QUANT) ap_tc<DP, KV_F16>(a, smem);
+        else if (fmt == KV_Q4_0) ap_tc<DP, KV_Q4_0>(a, smem);
+        else ap_tc<DP, KV_Q8_0>(a, smem);
         return;
     }
 #endif
-    if (kv_mode) ap_simt<DP, true>(a, (float*)smem);
-    else ap_simt<DP, false>(a, (float*)smem);
+    if (QUANT) {
+        if (fmt == KV_Q4_0) ap_simt<DP, KV_Q4_0>(a, (float*)smem);
+        else ap_simt<DP, KV_Q8_0>(a, (float*)smem);
+    } else if (fmt == KV_F16) {
+        ap_simt<DP, KV_F16>(a, (float*)smem);
+    } else if (fmt == KV_BF16) {
+        ap_simt<DP, KV_BF16>(a, (float*)smem);
+    } else {
+        ap_simt<DP, KV_F32>(a, (float*)smem);
+    }
 }
 
-// Written out (not by a macro) so that each kernel's name appears in the text.
+// Written out (not by a macro) so that each kernel's name appears in the text: attn_prefill_<DP>
+// for float32, float16 and bfloat16 caches, attn_prefill_q<DP> for Q8_0 and Q4_0 ones.
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
@@ -500,8 +546,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __r
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
-    ap_main<64>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window, kv_mode,
-                sinks, smem, s_pos, s_off, s_slot);
+    ap_main<64, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
+                       kv_mode, sinks, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
@@ -511,8 +557,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
-    ap_main<128>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_mode, sinks, smem, s_pos, s_off, s_slot);
+    ap_main<128, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
+                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
@@ -522,6 +568,39 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
-    ap_main<256>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                 kv_mode, sinks, smem, s_pos, s_off, s_slot);
+    ap_main<256, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
+                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+}
+
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    FORGE_GRID_WAIT();
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    ap_main<64, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
+                       kv_mode, sinks, smem, s_pos, s_off, s_slot);
+}
+
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    FORGE_GRID_WAIT();
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    ap_main<128, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
+                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+}
+
+FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q256(const float* __restrict__ q,
+    const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
+    const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    FORGE_GRID_WAIT();
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    ap_main<256, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
+                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
 }

@@ -2,7 +2,8 @@
 (chunked prefill: queries from start > 0 over cached keys, single-row pieces), paged caches with
 shuffled block tables and NaN in every slot no sequence owns, GQA groups that do and do not
 divide the 64-row tile, sliding windows, head sizes 64..256 (Dv may differ), float32 caches and
-float16 caches (mode 1: tensor cores on NVIDIA, Q and P rounded to float16; mode 2: float32 math),
+float16 caches (on tensor cores on NVIDIA, Q and P rounded to float16; or in float32 math),
+bfloat16, Q8_0 and Q4_0 caches (kernels/kv_format.h's rows, dequantized as the tiles load),
 gpt-oss's attention sinks on every path, and outputs poisoned with NaN (rows past the batch must
 stay untouched)."""
 
@@ -10,8 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from forge_hip.contract import constants
+from forge_hip.kv import KV_FORMAT_IDS
 
+from forge.kv_cache import KvFormat
 from tests.support.gpu_helpers import rel_err
+from tests.support.kv_rows import pack, unpack
 
 AP_ROWS, AP_THREADS = 64, 128  # attn_prefill.hip's tile rows and block size
 
@@ -48,23 +53,33 @@ def reference(q, kc, vc, seqs, tables, bs, scale, window, sinks=None):
 
 
 CASES = [
-    # H, Hkv, D, Dv, block size, window, kv mode (0 f32, 1 f16, 2 f16 exact), (start, rows)...
-    (8, 2, 128, 128, 16, 0, 1, [(0, 77)]),  # llama-like, one prompt
-    (4, 1, 256, 256, 16, 64, 1, [(0, 45), (130, 38)]),  # gemma-like, sliding, chunked
-    (6, 6, 64, 64, 24, 0, 1, [(5, 1), (0, 70), (41, 1), (9, 3)]),  # MHA, decode rows mixed in
-    (6, 2, 96, 64, 16, 0, 1, [(0, 50), (17, 20)]),  # group 3, padded D, Dv != D
-    (16, 2, 64, 64, 32, 0, 1, [(300, 129)]),  # group 8, long cached prefix
-    (4, 1, 256, 256, 32, 512, 1, [(0, 300), (700, 211)]),  # gemma, window past the rows
-    (8, 2, 128, 128, 16, 100, 0, [(200, 33), (0, 9)]),  # f32 cache, window
-    (4, 2, 192, 128, 16, 0, 0, [(0, 31), (60, 12)]),  # f32 cache, D 192 in the 256 kernel
-    (6, 2, 96, 64, 16, 0, 2, [(0, 50), (17, 20)]),  # f16 cache, float32 math
-    (4, 1, 256, 256, 16, 64, 2, [(0, 45), (130, 38)]),
+    # H, Hkv, D, Dv, block size, window, cache format ("+tc": tensor cores), (start, rows)...
+    (8, 2, 128, 128, 16, 0, "f16+tc", [(0, 77)]),  # llama-like, one prompt
+    (4, 1, 256, 256, 16, 64, "f16+tc", [(0, 45), (130, 38)]),  # gemma-like, sliding, chunked
+    (6, 6, 64, 64, 24, 0, "f16+tc", [(5, 1), (0, 70), (41, 1), (9, 3)]),  # MHA, decode rows
+    (6, 2, 96, 64, 16, 0, "f16+tc", [(0, 50), (17, 20)]),  # group 3, padded D, Dv != D
+    (16, 2, 64, 64, 32, 0, "f16+tc", [(300, 129)]),  # group 8, long cached prefix
+    (4, 1, 256, 256, 32, 512, "f16+tc", [(0, 300), (700, 211)]),  # gemma, window past the rows
+    (8, 2, 128, 128, 16, 100, "f32", [(200, 33), (0, 9)]),  # f32 cache, window
+    (4, 2, 192, 128, 16, 0, "f32", [(0, 31), (60, 12)]),  # f32 cache, D 192 in the 256 kernel
+    (6, 2, 96, 64, 16, 0, "f16", [(0, 50), (17, 20)]),  # f16 cache, float32 math
+    (4, 1, 256, 256, 16, 64, "f16", [(0, 45), (130, 38)]),
+    (8, 2, 128, 128, 16, 0, "q8_0", [(0, 77), (40, 9)]),  # quantized caches: llama-like
+    (4, 1, 256, 256, 16, 64, "q8_0", [(0, 45), (130, 38)]),  # gemma-like, sliding, chunked
+    (6, 2, 96, 64, 16, 0, "q4_0", [(0, 50), (17, 20)]),  # D 96: odd count of blocks, Dv != D
+    (16, 2, 64, 64, 32, 0, "q4_0", [(300, 129)]),
+    (8, 2, 128, 128, 16, 100, "bf16", [(200, 33), (0, 9)]),
+    (8, 2, 128, 128, 16, 0, "q8_0+tc", [(0, 77), (40, 9)]),  # quantized tiles to float16
+    (4, 1, 256, 256, 32, 512, "q8_0+tc", [(0, 300), (700, 211)]),
+    (6, 2, 96, 64, 16, 0, "q4_0+tc", [(0, 50), (17, 20)]),
 ]
 SINK_CASES = [  # gpt-oss's heads (64 query, 8 KV, D 64 there) on each path
-    (8, 2, 64, 64, 16, 0, 1, [(0, 90), (30, 7)]),
-    (8, 2, 64, 64, 16, 8, 1, [(0, 70)]),  # a sliding-window layer
-    (8, 2, 64, 64, 16, 0, 0, [(0, 40), (12, 5)]),
-    (8, 2, 64, 64, 16, 0, 2, [(0, 40)]),
+    (8, 2, 64, 64, 16, 0, "f16+tc", [(0, 90), (30, 7)]),
+    (8, 2, 64, 64, 16, 8, "f16+tc", [(0, 70)]),  # a sliding-window layer
+    (8, 2, 64, 64, 16, 0, "f32", [(0, 40), (12, 5)]),
+    (8, 2, 64, 64, 16, 0, "f16", [(0, 40)]),
+    (8, 2, 64, 64, 16, 8, "q8_0", [(0, 70)]),
+    (8, 2, 64, 64, 16, 0, "q4_0+tc", [(0, 90), (30, 7)]),
 ]
 
 
@@ -80,6 +95,7 @@ def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
 
 
 def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
+    """mode: the cache's format, "+tc" for tensor cores (NVIDIA; elsewhere the SIMT path)."""
     rng = np.random.default_rng()
     need = [(start + n - 1) // bs + 1 for start, n in seqs]
     n_blocks = sum(need) + 3
@@ -89,15 +105,15 @@ def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
         tables.append(perm[at : at + k])
         at += k
     n_slots = n_blocks * bs
-    f16 = mode > 0
-    dt = np.float16 if f16 else np.float32
-    kc = np.full((n_slots, KVH, D), np.nan, dt)  # slots no sequence owns stay NaN
-    vc = np.full((n_slots, KVH, Dv), np.nan, dt)
-    for (start, n), table in zip(seqs, tables):
-        p = np.arange(start + n)
-        slots = table[p // bs] * bs + p % bs
-        kc[slots] = rng.standard_normal((len(p), KVH, D)).astype(dt)
-        vc[slots] = rng.standard_normal((len(p), KVH, Dv)).astype(dt)
+    tc = mode.endswith("+tc")
+    fmt = KvFormat(mode.removesuffix("+tc"))
+    kraw = pack(fmt, rng.standard_normal((n_slots, KVH, D)))
+    vraw = pack(fmt, rng.standard_normal((n_slots, KVH, Dv)))
+    owned = np.concatenate([t[np.arange(s + n) // bs] * bs + np.arange(s + n) % bs
+                            for (s, n), t in zip(seqs, tables)])  # fmt: skip
+    unowned = np.setdiff1d(np.arange(n_slots), owned)
+    kraw[unowned] = vraw[unowned] = 0xFF  # slots no sequence owns: NaN (values or scales)
+    kc, vc = unpack(fmt, kraw, D), unpack(fmt, vraw, Dv)
     R = sum(n for _, n in seqs)
     q = (2.0 * rng.standard_normal((R, H, D))).astype(np.float32)
     pos = np.concatenate([np.arange(s, s + n) for s, n in seqs]).astype(np.int32)
@@ -110,23 +126,23 @@ def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
     out = dev.poisoned((R + extra) * H * Dv * 4)
     dp = padded_d(D)
     grid = (-(-R * (H // KVH) // AP_ROWS), KVH, -(-Dv // min(dp, 128)))
-    view = np.uint16 if f16 else np.float32
+    kv_mode = KV_FORMAT_IDS[fmt] | (constants()["AP_TENSOR_CORES"] if tc else 0)
     rt.launch(
-        lib.get(f"attn_prefill_{dp}"),
+        lib.get(f"attn_prefill_{'q' if fmt.block > 1 else ''}{dp}"),
         grid,
         (AP_THREADS,),
-        [dev.put(q), dev.put(kc.view(view)), dev.put(vc.view(view)), dev.put(bt),
-         dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, mode,
+        [dev.put(q), dev.put(kraw), dev.put(vraw), dev.put(bt),
+         dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, kv_mode,
          dev.put(sinks) if sunk else 0],
     )  # fmt: skip
     got = dev.get(out, (R + extra, H, Dv))
     assert np.isnan(got[R:]).all()
     ref = reference(q, kc, vc, seqs, tables, bs, scale, window, sinks)
     err = rel_err(got[:R], ref)
-    # mode 1: Q and the probabilities may be rounded to float16 (tensor cores)
-    assert err < (2e-3 if mode == 1 else 1e-5), err
+    # tensor cores: Q and the probabilities may be rounded to float16
+    assert err < (2e-3 if tc else 1e-5), err
     rows = np.linalg.norm(got[:R] - ref, axis=2) / np.linalg.norm(ref, axis=2)
-    assert rows.max() < (1e-2 if mode == 1 else 1e-4), rows.max()
+    assert rows.max() < (1e-2 if tc else 1e-4), rows.max()
 
 
 def test_prefill_attention_plan_routing():
@@ -135,8 +151,6 @@ def test_prefill_attention_plan_routing():
     from types import SimpleNamespace
 
     from forge_hip.attention_part import AttentionLaunches, Attentions
-
-    from forge.kv_cache import KvFormat
 
     launches = []
 
@@ -156,7 +170,8 @@ def test_prefill_attention_plan_routing():
         )
         p.ws = SimpleNamespace(q=1, attn=2)
         fmt = KvFormat.F16 if f16 else KvFormat.F32
-        kv = SimpleNamespace(format=fmt, block_size=16, layer=lambda i: (10, 11))
+        kv = SimpleNamespace(format=fmt, format_id=KV_FORMAT_IDS[fmt], block_size=16,
+                             layer=lambda i: (10, 11))  # fmt: skip
         meta = SimpleNamespace(bt=3, btoff=4, pos=5)
         return p, kv, meta
 
@@ -166,7 +181,7 @@ def test_prefill_attention_plan_routing():
     k, grid, block, args = launches[-1]
     assert k == "attn_prefill_128" and grid == (7, 2, 1) and block == (AP_THREADS,)
     assert args[:7] == [1, 10, 11, 3, 4, 5, 2] and args[7:] == [100, 8, 2, 128, 128, 16, 0.1,
-                                                                0, 1, 77]  # fmt: skip
+                                                                0, 9, 77]  # fmt: skip
     p, kv, meta = plan_for(256, 256, True)
     assert p.prefill(0, a, 9, meta, kv) and launches[-1][0] == "attn_prefill_256"
     assert launches[-1][1] == (1, 2, 2)
@@ -179,6 +194,6 @@ def test_prefill_attention_plan_routing():
     assert launches[-1][3][-2] == 0
     p, kv, meta = plan_for(128, 128, True)
     p.products.round_prefill = False  # float32 math over the float16 cache
-    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 2
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 1
     p, kv, meta = plan_for(128, 128, True, "F32")  # F32 Q/K/V weights: float32 math as well
-    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 2
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 1

@@ -690,8 +690,8 @@ def test_kv_types_the_kernels_cannot_read_are_refused_before_anything_is_placed(
 
     gguf, spec = _spec(golden_dir, "qwen2-q4_k.gguf")
     kernels = get_plugin_manager().kernels
-    refused = {("q8_0", "q8_0"): "reads f16, f32 KV caches, not q8_0",
-               ("f16", "f32"): "one format; asked for f16 and f32"}  # fmt: skip
+    refused = {("f16", "f32"): "one format; asked for f16 and f32",
+               ("q8_0", "bf16"): "one format; asked for q8_0 and bf16"}  # fmt: skip
     for (k, v), match in refused.items():
         types = KvTypes.parse(k, v)
         rt = FakeRuntime()
@@ -702,4 +702,8 @@ def test_kv_types_the_kernels_cannot_read_are_refused_before_anything_is_placed(
     runner = HipRunner(spec, gguf, kernels, runtime=rt, kv_types=KvTypes.parse("f32", "auto"))
     runner.allocate_kv(4, 16)
     assert runner.kv.format is KvFormat.F32  # asked for, on a model that defaults to f16
+    runner.close()
+    runner = HipRunner(spec, gguf, kernels, runtime=rt, kv_types=KvTypes.parse("q4_0", "q4_0"))
+    runner.allocate_kv(4, 16)
+    assert runner.kv.format is KvFormat.Q4_0
     runner.close()

@@ -26,7 +26,9 @@ from forge_hip.workspace import Workspace
 ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
 ATT_THREADS = constants()["ATT_THREADS"]
 AP_THREADS = constants()["AP_THREADS"]
+AP_TENSOR_CORES = constants()["AP_TENSOR_CORES"]
 PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
+TENSOR_CORE_FORMATS = (KvFormat.F16, KvFormat.Q8_0, KvFormat.Q4_0)  # attn_prefill's mma path
 TABLE_KINDS = ("yarn", "llama3")  # RoPE scalings the kernels read as a frequency table
 
 
@@ -130,8 +132,10 @@ class Attentions:
         attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
         K/V tile, flash-attention style. With a float16 cache and rounded prefill products
         (the layer's Q/K/V weights not F32), tensor cores on NVIDIA (Q and the probabilities
-        rounded to float16, as llama.cpp's f16 K/V products round them); else float32 math
-        (llama-f32 with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound). False,
+        rounded to float16, as llama.cpp's f16 K/V products round them; a Q8_0 or Q4_0 cache's
+        tiles converted to float16 as llama.cpp converts them); else float32 math (llama-f32
+        with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound), also for bfloat16
+        caches. False,
         launching nothing, when the head sizes do not fit it (D over 256; tensor-core rows not a
         multiple of 8 values)."""
         s, ws, pr = self.spec, self.ws, self.products
@@ -139,13 +143,15 @@ class Attentions:
         dp = next((p for p in PREFILL_WIDTHS if d <= p), None)  # the kernel's padded D
         mats = pr.mats[a.qkv : a.qkv + 3]
         rounded = pr.round_prefill and all(p.type != "F32" for p, _ in mats)
-        mode = (1 if rounded else 2) if kv.format is KvFormat.F16 else 0  # the kernel's kv_mode
-        if dp is None or (mode == 1 and (d % 8 or dv % 8)):
+        tensor_cores = rounded and kv.format in TENSOR_CORE_FORMATS
+        mode = kv.format_id | (AP_TENSOR_CORES if tensor_cores else 0)  # the kernel's kv_mode
+        if dp is None or (tensor_cores and (d % 8 or dv % 8)):
             return False
         dvc = min(dp, 128)  # AP_DVC: output columns per block
         kc, vc = kv.layer(i)
         grid = (-(-rows * (s.n_head // s.n_head_kv) // 64), s.n_head_kv, -(-dv // dvc))
-        pr.launch(self.lib.get(f"attn_prefill_{dp}"), grid, (AP_THREADS,),
+        kernel = f"attn_prefill_{'q' if kv.format.block > 1 else ''}{dp}"  # q: quantized caches
+        pr.launch(self.lib.get(kernel), grid, (AP_THREADS,),
                   [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.attn, rows, s.n_head,
                    s.n_head_kv, d, dv, kv.block_size, s.attn_scale,
                    s.layers[i].sliding_window or 0, mode, a.sinks])  # fmt: skip

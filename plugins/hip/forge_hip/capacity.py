@@ -21,7 +21,7 @@ MAX_EMBD = 1024 * constants()["AN_PER"]  # add_norm holds a row in one block's r
 MOE_MAX = {k: constants()[f"MOE_MAX_{k.upper()}"] for k in ("experts", "used", "pairs")}
 
 
-KV_FORMATS = (KvFormat.F16, KvFormat.F32)  # what the attention kernels read and write
+KV_FORMATS = tuple(KvFormat)  # what the attention kernels read and write
 
 
 def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) -> KvFormat:
@@ -45,6 +45,12 @@ def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) 
     if k not in KV_FORMATS:
         names = ", ".join(f.value for f in KV_FORMATS)
         raise UnsupportedModelError(f"hip's attention reads {names} KV caches, not {k.value}")
+    dims = {spec.head_dim, spec.head_dim_v}
+    if any(d % k.block for d in dims):
+        raise UnsupportedModelError(
+            f"a {k.value} KV cache needs head sizes that are multiples of {k.block}; "
+            f"this model's are {'/'.join(str(d) for d in sorted(dims))}"
+        )
     return k
 
 

@@ -1,8 +1,11 @@
 """The paged KV cache on the device.
 
 The cache is one allocation: per layer K [n_slots, n_kv_head, head_dim] then V
-[n_slots, n_kv_head, head_dim_v], in the cache's `KvFormat` (the runner chooses: float16, or
+[n_slots, n_kv_head, head_dim_v], in the cache's `KvFormat` (asked for, else float16, or
 float32 for all-F32 models, whose golden bounds are tighter than float16 rounding allows).
+Each (slot, KV head) is one row of `row_bytes` (kernels/kv_format.h: float32, float16 and
+bfloat16 values; Q8_0 and Q4_0 as the head's integers, then its f16 scales, padded to 8 and 4
+bytes).
 Slot of position p: block_table[p // bs] * bs + p % bs.
 """
 
@@ -15,12 +18,21 @@ from forge_hip.contract import constants
 from forge_hip.runtime.base import DeviceBuffer, Runtime
 
 # The attention kernels' kv_fmt argument per format (contract.h's KV_*).
-KV_FORMAT_IDS = {KvFormat.F32: constants()["KV_F32"], KvFormat.F16: constants()["KV_F16"]}
+KV_FORMAT_IDS = {f: constants()[f"KV_{f.name}"] for f in KvFormat}
+QK = constants()["KV_BLOCK"]  # values per scale of the quantized formats
+
+
+def row_bytes(fmt: KvFormat, n: int) -> int:
+    """Bytes of one cached head of n values (kv_format.h's kv_row_bytes)."""
+    if fmt.block == 1:
+        return fmt.nbytes(n)
+    pad = 8 if fmt is KvFormat.Q8_0 else 4
+    return -(-fmt.nbytes(n) // pad) * pad
 
 
 def kv_bytes(spec: ModelSpec, n_slots: int, fmt: KvFormat) -> int:
-    per_layer = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim))
-    per_layer += align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim_v))
+    per_layer = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim))
+    per_layer += align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim_v))
     return spec.n_layer * per_layer
 
 
@@ -34,8 +46,8 @@ class KvCache:
         self.nbytes = kv_bytes(spec, n_slots, fmt)
         preflight(rt, {"kv_cache": self.nbytes})
         self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
-        k_size = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim))
-        v_size = align(fmt.nbytes(n_slots * spec.n_head_kv * spec.head_dim_v))
+        k_size = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim))
+        v_size = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim_v))
         base = self.buffer.ptr
         self._layers = [
             (base + i * (k_size + v_size), base + i * (k_size + v_size) + k_size)

@@ -96,7 +96,7 @@ def plan_kernels() -> set[str]:
         "mv_multi", "mv_glu", "mm_tiled", "act_half", "gemm_m64", "gemm_m128", "feed_ids",
         "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
-        *(f"attn_prefill_{d}" for d in (64, 128, 256)),
+        *(f"attn_prefill_{q}{d}" for q in ("", "q") for d in (64, 128, 256)),
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
         *(f"moe_{k}_r1_{s}" for k in ("glu", "down") for s in map(str.lower, MOE_TYPED_R1)),
