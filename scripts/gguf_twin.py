@@ -5,7 +5,8 @@ so that it travels to the GPU machine with the repository; spec files may be gzi
 
 A twin runs exactly like the original (same bytes to move, same kernels), so it serves for speed
 and memory measurements where the original is too large to carry, e.g. to the lent GPU machine.
-Its output text is meaningless.
+Its output text is meaningless. A spec's tensor may carry "values" (float32, written as given):
+for tensors whose numbers are part of the model's shape, such as Llama 3.1's rope_freqs.
 
   python gguf_twin.py spec MODEL.gguf SPEC.json      # here: a few MB of metadata, no weights
   python gguf_twin.py build SPEC.json TWIN.gguf      # there: writes the twin (needs numpy and gguf)
@@ -88,7 +89,10 @@ def build(spec_path, out):
             w.add_key_value(f["name"], f["value"], vt)
     rng = np.random.default_rng(0)
     for t in s["tensors"]:
-        data = random_tensor(t["type"], t["shape"], rng)
+        if "values" in t:  # a tensor whose numbers matter (Llama 3.1's rope_freqs): as given
+            data = np.asarray(t["values"], np.float32).reshape(list(reversed(t["shape"])))
+        else:
+            data = random_tensor(t["type"], t["shape"], rng)
         qt = gguf.GGMLQuantizationType[t["type"]]
         w.add_tensor(t["name"], data, raw_dtype=None if t["type"] in ("F32", "F16") else qt)
     w.write_header_to_file()
