@@ -159,7 +159,8 @@ template <int LPP, int VPL> FORGE_DEV void head_weights(const float* nw, int D, 
 
 // The block of 32 values holding this lane's 8 values: max |x| over the block, and for Q4_0 the
 // value of largest magnitude (GGML's: the first of its block when two tie), through the 4 lanes
-// that hold the block (e, e ^ 1, e ^ 2: consecutive 8-value pieces). Every lane of the warp calls.
+// that hold the block (e, e ^ 1, e ^ 2, e ^ 3: consecutive 8-value pieces, reduced by xor 1 and 2).
+// Every lane of the warp calls.
 FORGE_DEV void kv_block_max(const float* y, int first, float& amax, float& vmax) {
     int at = 0x7fffffff;
     amax = 0.0f;

@@ -518,7 +518,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     __syncthreads();
     const int fmt = kv_mode & ~AP_TENSOR_CORES;
 #if defined(FORGE_NV)
-    if (kv_mode & AP_TENSOR_CORES) {
+    if ((kv_mode & AP_TENSOR_CORES) && (QUANT || fmt == KV_F16)) {  // (others: SIMT)
         if (!QUANT) ap_tc<DP, KV_F16>(a, smem);
         else if (fmt == KV_Q4_0) ap_tc<DP, KV_Q4_0>(a, smem);
         else ap_tc<DP, KV_Q8_0>(a, smem);

@@ -38,7 +38,7 @@
 #define KV_Q8_0 3  // rows: the head's int8 values, then one f16 scale per 32 (kv_format.h)
 #define KV_Q4_0 4  // rows: the head's 4-bit values, two a byte, then the same scales
 #define KV_BLOCK 32        // values per scale of the quantized formats
-#define AP_TENSOR_CORES 8  // attn_prefill.hip kv_mode flag: float16 cache on tensor cores
+#define AP_TENSOR_CORES 8  // attn_prefill.hip kv_mode flag: f16/Q8_0/Q4_0 cache on tensor cores
 
 // ---- block sizes launches must use, and sizes the launch plan sizes grids by ----
 #define MV_WARPS 4         // linear.hip mv_multi / mv_glu: warps per block

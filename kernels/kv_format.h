@@ -12,9 +12,13 @@
 #include "forge_hip.h"
 
 // a * b rounded once: a product the compiler may not fuse with the add after it (Q4_0's rounding
-// must match GGML's multiply-then-add)
+// must match GGML's multiply-then-add). On AMD __fmul_rn is a plain product that clang contracts
+// with a following add under HIP's default -ffp-contract, hence the pragma.
 FORGE_DEV float mul_rn(float a, float b) {
 #if defined(FORGE_HOST)
+    return a * b;
+#elif defined(FORGE_AMD)
+#pragma clang fp contract(off)
     return a * b;
 #else
     return __fmul_rn(a, b);

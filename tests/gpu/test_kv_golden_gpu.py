@@ -1,6 +1,6 @@
 """hip with quantized KV caches: Q8_0 against llama.cpp run with the same cache types
 (tests/support/kv_golden.py), teacher-forced and free-running; and a 4,096-token prompt on the
-synthetic gpt-oss (sinks, 128-position windows on half the layers) through attn_prefill and
+synthetic gpt-oss (sinks, 8-position windows on half the layers) through attn_prefill and
 attn_decode with each cache format, against cpu_simd and against hip's float16 cache."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """hip's KV cache formats without a GPU: kernels/kv_format.h's reads (compiled as host C++) of rows
 built from the gguf package's quantizers (tests/support/kv_rows.py), the row sizes Python and the
 kernels agree on, what the memory preflight counts, which formats and head sizes are refused, and
-what the attention launches are told (the format id; tensor cores only for a float16 cache). The
-stores and the attention arithmetic run on the device (tests/gpu/test_attention.py,
+what the attention launches are told (the format id; tensor cores for float16, Q8_0 and Q4_0
+caches). The stores and the attention arithmetic run on the device (tests/gpu/test_attention.py,
 test_attn_prefill.py)."""
 
 from __future__ import annotations

@@ -21,9 +21,6 @@ MAX_EMBD = 1024 * constants()["AN_PER"]  # add_norm holds a row in one block's r
 MOE_MAX = {k: constants()[f"MOE_MAX_{k.upper()}"] for k in ("experts", "used", "pairs")}
 
 
-KV_FORMATS = tuple(KvFormat)  # what the attention kernels read and write
-
-
 def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) -> KvFormat:
     """The cache's format: the one asked for (`kv_types`: K and V alike, one of them naming
     both), else float16 unless
@@ -42,9 +39,6 @@ def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) 
         raise UnsupportedModelError(
             f"hip stores K and V in one format; asked for {k.value} and {v.value}"
         )
-    if k not in KV_FORMATS:
-        names = ", ".join(f.value for f in KV_FORMATS)
-        raise UnsupportedModelError(f"hip's attention reads {names} KV caches, not {k.value}")
     dims = {spec.head_dim, spec.head_dim_v}
     if any(d % k.block for d in dims):
         raise UnsupportedModelError(
