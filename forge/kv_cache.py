@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forge.errors import ContextOverflowError, OutOfMemoryError, UsageError
+from forge.errors import ContextOverflowError, OutOfMemoryError, UnsupportedModelError, UsageError
 
 
 class KvFormat(enum.Enum):
@@ -39,6 +39,16 @@ class KvFormat(enum.Enum):
     def nbytes(self, values: int) -> int:
         """Bytes of `values` values (a whole number of blocks)."""
         return -(-values // self.block) * self.block_bytes
+
+
+def require_whole_blocks(fmt: KvFormat, dims: list[int]) -> None:
+    """UnsupportedModelError unless each head size in `dims` holds whole blocks of `fmt`."""
+    if any(d % fmt.block for d in dims):
+        sizes = "/".join(str(d) for d in sorted(set(dims)))
+        raise UnsupportedModelError(
+            f"a {fmt.value} KV cache needs head sizes that are multiples of {fmt.block}; "
+            f"this model's are {sizes}"
+        )
 
 
 @dataclass(frozen=True)

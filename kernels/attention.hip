@@ -407,11 +407,7 @@ FORGE_DEV float elem_code(const V4* w, int i) {
         const u16 h = (u16)(i % 2 ? x >> 16 : x & 0xffffu);
         return FMT == KV_F16 ? h2f(h) : bf2f(h);
     }
-    if (FMT == KV_Q8_0) {
-        const V4& p = w[i / 8];
-        return (float)(i8)(((i % 8) < 4 ? p.x : p.y) >> (8 * (i % 4)));
-    }
-    if (FMT == KV_Q4_0) return (float)((int)((w[i / 8].x >> (4 * (i % 8))) & 15u) - 8);
+    if (kv_quant(FMT)) return (float)kv_code<FMT>(w[i / 8].x, w[i / 8].y, i % 8);
     return bits_to_float(word(w[i / 4], i % 4));
 }
 
@@ -426,15 +422,10 @@ template <int FMT> FORGE_DEV V4 kv_word(const void* cache, i64 row, int n, int d
     const char* at = (const char*)cache + row * kv_row_bytes(FMT, n);
     if (FMT == KV_F32) return *(const V4*)(at + 4 * d);
     if (!kv_quant(FMT)) return *(const V4*)(at + 2 * d);
+    const KvCodes c = kv_codes<FMT>(at, d);
     V4 w;
-    if (FMT == KV_Q8_0) {
-        const u64 c = *(const u64*)(at + d);
-        w.x = (u32)c;
-        w.y = (u32)(c >> 32);
-    } else {
-        w.x = *(const u32*)(at + d / 2);
-        w.y = 0u;
-    }
+    w.x = c.lo;
+    w.y = c.hi;
     w.z = float_to_bits(kv_scale(at, FMT, n, d));
     w.w = 0u;
     return w;

@@ -264,16 +264,10 @@ FORGE_DEV int ap_slot(const i32* table, int bs, int p, int kend) {
 // float16, as llama.cpp's flash attention converts a quantized cache for its matrix products.
 template <int FMT> FORGE_DEV uint4 ap_quant8(const char* row, int width, int d) {
     const float s = kv_scale(row, FMT, width, d);
+    const KvCodes c = kv_codes<FMT>(row, d);
     float v[8];
-    if (FMT == KV_Q8_0) {
-        const u32 lo = *(const u32*)(row + d), hi = *(const u32*)(row + d + 4);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = (float)(i8)((k < 4 ? lo : hi) >> (8 * (k % 4))) * s;
-    } else {
-        const u32 q = *(const u32*)(row + d / 2);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = (float)((int)((q >> (4 * k)) & 15u) - 8) * s;
-    }
+    for (int k = 0; k < 8; ++k) v[k] = (float)kv_code<FMT>(c.lo, c.hi, k) * s;
     return make_uint4(ap_h2(v[0], v[1]), ap_h2(v[2], v[3]), ap_h2(v[4], v[5]), ap_h2(v[6], v[7]));
 }
 

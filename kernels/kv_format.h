@@ -40,14 +40,38 @@ FORGE_DEV float kv_scale(const char* row, int fmt, int n, int d) {
     return h2f(*(const u16*)(row + codes + 2 * (d / KV_BLOCK)));
 }
 
+// The codes of the 8 values from value d (a multiple of 8) of a quantized row: Q8_0's 8 bytes as
+// lo and hi, Q4_0's 4 bytes as lo (one aligned load: rows are padded for it).
+struct KvCodes {
+    u32 lo, hi;
+};
+
+template <int FMT> FORGE_DEV KvCodes kv_codes(const char* row, int d) {
+    KvCodes c;
+    if (FMT == KV_Q8_0) {
+        const u64 w = *(const u64*)(row + d);
+        c.lo = (u32)w;
+        c.hi = (u32)(w >> 32);
+    } else {
+        c.lo = *(const u32*)(row + d / 2);
+        c.hi = 0u;
+    }
+    return c;
+}
+
+// The integer of value k (0..7) of such 8 codes (Q4_0's without its offset of 8), to be
+// multiplied by the block's scale.
+template <int FMT> FORGE_DEV int kv_code(u32 lo, u32 hi, int k) {
+    if (FMT == KV_Q8_0) return (int)(i8)((k < 4 ? lo : hi) >> (8 * (k % 4)));
+    return (int)((lo >> (4 * k)) & 15u) - 8;
+}
+
 // Value d of cache row `row` (n values a row) of a cache in format FMT.
 template <int FMT> FORGE_DEV float kv_elem(const void* cache, i64 row, int n, int d) {
     const char* at = (const char*)cache + row * kv_row_bytes(FMT, n);
     if (FMT == KV_F32) return ((const float*)at)[d];
     if (FMT == KV_F16) return h2f(((const u16*)at)[d]);
     if (FMT == KV_BF16) return bf2f(((const u16*)at)[d]);
-    const float s = kv_scale(at, FMT, n, d);
-    if (FMT == KV_Q8_0) return (float)((const i8*)at)[d] * s;
-    const u8 b = ((const u8*)at)[d / 2];
-    return (float)((int)(d % 2 ? b >> 4 : b & 15) - 8) * s;
+    const KvCodes c = kv_codes<FMT>(at, d & ~7);
+    return (float)kv_code<FMT>(c.lo, c.hi, d & 7) * kv_scale(at, FMT, n, d);
 }

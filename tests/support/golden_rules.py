@@ -57,6 +57,21 @@ def greedy_mismatches(rows: np.ndarray, expected: list[int]) -> list[str]:
     return bad
 
 
+def decode_departures(picks: list[int], rows: np.ndarray, followed: list[int]) -> list[str]:
+    """Free-running greedy check: each token decode steps picked (picks[i]) is the maximum of
+    rows[i], the one-pass logits at its position computed over the continuation `followed`, up
+    to a near tie; only while the picks follow `followed` (after the first pick that leaves it
+    the rows no longer describe the picks' context). Returns failures as text."""
+    bad = []
+    for i, (tok, want) in enumerate(zip(picks, followed)):
+        row = rows[i]
+        if row.max() - row[tok] > TIE * row.std():
+            bad.append(f"step {i}: picked {tok} ({row[tok]:.3f}), row max {row.max():.3f}")
+        if tok != want:
+            break
+    return bad
+
+
 def check_default_model(last: np.ndarray, case: dict) -> list[str]:
     """The Gemma 3 270M rules for the last prompt row; returns failures as text."""
     ref_ids = case["last_top_ids"][:10]

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, quants
 
 from forge.kv_cache import KvFormat
 
-QK = 32
+QK = KvFormat.Q8_0.block  # values per scale, Q8_0 and Q4_0 alike
 
 
 def pack(fmt: KvFormat, x: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from forge.errors import OutOfMemoryError, UnsupportedModelError
-from forge.kv_cache import KvFormat
+from forge.errors import OutOfMemoryError
+from forge.kv_cache import KvFormat, require_whole_blocks
 from forge_cpu_simd.act_round import round_bf16, round_f16, round_q8_0
 
 QK = 32  # values per block of the quantized formats
@@ -27,11 +27,7 @@ class KvArray:
     """A [slots, heads, dim] cache of one layer's K or V, stored as `fmt`."""
 
     def __init__(self, fmt: KvFormat, slots: int, heads: int, dim: int):
-        if dim % fmt.block:
-            raise UnsupportedModelError(
-                f"a {fmt.value} KV cache needs head sizes that are multiples of {fmt.block}; "
-                f"this model's are {dim}"
-            )
+        require_whole_blocks(fmt, [dim])
         self.fmt, self.heads, self.dim = fmt, heads, dim
         shape = (slots, heads)
         try:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from forge.backend import Runner, SeqBatch
-from forge.errors import ContextOverflowError, ForgeRuntimeError, UnsupportedModelError
+from forge.errors import ContextOverflowError, ForgeRuntimeError
 from forge.gguf import GGUFFile
 from forge.kernels import KernelTable
-from forge.kv_cache import KvFormat
+from forge.kv_cache import KvFormat, require_whole_blocks
 from forge.models.spec import ModelSpec
 from forge.models.weights import model_weights
 from forge_cpu_simd.blocks import FFN_BLOCKS, AttentionBlock, Step
@@ -44,11 +44,7 @@ class CpuRunner(Runner):
         self.spec, self.gguf, self.kernels = spec, gguf, kernels
         self.kv_formats = kv_formats
         for fmt, dim in zip(kv_formats, (spec.head_dim, spec.head_dim_v)):
-            if dim % fmt.block:  # refused before any weight loads
-                raise UnsupportedModelError(
-                    f"a {fmt.value} KV cache needs head sizes that are multiples of "
-                    f"{fmt.block}; this model's are {dim}"
-                )
+            require_whole_blocks(fmt, [dim])  # refused before any weight loads
         self.ops = _Ops(kernels)
         load = WeightLoader(gguf, kernels, expert_cache_bytes)
         load.compile_kernels(list(model_weights(spec)))

@@ -7,7 +7,7 @@ import os
 
 from forge.errors import UnsupportedModelError
 from forge.gguf import GGUFFile
-from forge.kv_cache import KvFormat, KvTypes
+from forge.kv_cache import KvFormat, KvTypes, require_whole_blocks
 from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
@@ -39,12 +39,7 @@ def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) 
         raise UnsupportedModelError(
             f"hip stores K and V in one format; asked for {k.value} and {v.value}"
         )
-    dims = {spec.head_dim, spec.head_dim_v}
-    if any(d % k.block for d in dims):
-        raise UnsupportedModelError(
-            f"a {k.value} KV cache needs head sizes that are multiples of {k.block}; "
-            f"this model's are {'/'.join(str(d) for d in sorted(dims))}"
-        )
+    require_whole_blocks(k, [spec.head_dim, spec.head_dim_v])
     return k
 
 

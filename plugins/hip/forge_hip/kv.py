@@ -19,7 +19,6 @@ from forge_hip.runtime.base import DeviceBuffer, Runtime
 
 # The attention kernels' kv_fmt argument per format (contract.h's KV_*).
 KV_FORMAT_IDS = {f: constants()[f"KV_{f.name}"] for f in KvFormat}
-QK = constants()["KV_BLOCK"]  # values per scale of the quantized formats
 
 
 def row_bytes(fmt: KvFormat, n: int) -> int:
@@ -30,10 +29,14 @@ def row_bytes(fmt: KvFormat, n: int) -> int:
     return -(-fmt.nbytes(n) // pad) * pad
 
 
+def layer_bytes(spec: ModelSpec, n_slots: int, fmt: KvFormat) -> tuple[int, int]:
+    """(K bytes, V bytes) of one layer's cache, each aligned as allocated."""
+    return tuple(align(n_slots * spec.n_head_kv * row_bytes(fmt, d))
+                 for d in (spec.head_dim, spec.head_dim_v))  # fmt: skip
+
+
 def kv_bytes(spec: ModelSpec, n_slots: int, fmt: KvFormat) -> int:
-    per_layer = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim))
-    per_layer += align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim_v))
-    return spec.n_layer * per_layer
+    return spec.n_layer * sum(layer_bytes(spec, n_slots, fmt))
 
 
 class KvCache:
@@ -46,8 +49,7 @@ class KvCache:
         self.nbytes = kv_bytes(spec, n_slots, fmt)
         preflight(rt, {"kv_cache": self.nbytes})
         self.buffer: DeviceBuffer | None = rt.alloc(self.nbytes)
-        k_size = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim))
-        v_size = align(n_slots * spec.n_head_kv * row_bytes(fmt, spec.head_dim_v))
+        k_size, v_size = layer_bytes(spec, n_slots, fmt)
         base = self.buffer.ptr
         self._layers = [
             (base + i * (k_size + v_size), base + i * (k_size + v_size) + k_size)
