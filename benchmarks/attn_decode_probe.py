@@ -1,13 +1,15 @@
-"""attn_decode alone: microseconds per launch inside a captured graph (overlapped launches, as
-the decode step replays them), on the gemma3-270m twin's heads (4 query heads, 1 KV head of 256,
-f16 cache) at several cached lengths; optionally for other kernel directories (A/B of sources).
+"""attn_decode alone at depth: microseconds per launch inside a captured graph (launches back to
+back, as a decode step replays them) and the K/V bytes it reads per second, for the per-head
+kernel (attn_decode_w<W>) and the grouped one (attn_decode_w<W>_g4), per cache format, cached
+length and most splits. Default heads: Llama-3-8B's (32 query heads, 8 KV heads of 128).
 
-  python benchmarks/attn_decode_probe.py [--positions 16 64 128 1024] [--rows 1 32]
-      [--splits 1 16] [--dirs new=kernels old=DIR]
+  python benchmarks/attn_decode_probe.py [--heads 32 8 128] [--positions 4096 32768]
+      [--splits 16 64] [--formats f16 q8_0] [--dirs new=kernels old=DIR] [--out DIR]
 
-Three chains of N launches each: attention back to back ("attn"), attention after a one-block
-add_norm ("norm+attn", like a step where it follows a short product) and add_norm alone
-("norm"); "after norm" = (norm+attn - norm) / N is attention's marginal cost after a kernel.
+--dirs compares kernel sources (an A/B of attention.hip): label=directory each.
+
+Prints one JSON line per case and the device's copy bandwidth (a 2 GiB device-to-device copy),
+the floor a launch is measured against.
 """
 
 from __future__ import annotations
@@ -23,28 +25,27 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
-from forge_hip.library import ATT_THREADS, KERNELS, HipKernel, KernelLibrary  # noqa: E402
+from forge_hip.kv import KV_FORMAT_IDS, row_bytes  # noqa: E402
+from forge_hip.library import (  # noqa: E402
+    ATT_THREADS,
+    KERNELS,
+    HipKernel,
+    KernelLibrary,
+    attn_decode_kernel,  # noqa: E402
+)
 from forge_hip.runtime import open_runtime  # noqa: E402
 
-from tests.gpu.test_attention import Case  # noqa: E402
+from benchmarks.gpu_bench import copy_bandwidth  # noqa: E402
+from forge.kv_cache import KvFormat  # noqa: E402
+from tests.gpu.test_attention import BS, Case  # noqa: E402
 from tests.support.gpu_helpers import Dev  # noqa: E402
 
-H, KVH, D, BS = 4, 1, 256, 16
 
-
-def kernel(lib, name: str, directory: str | None):
-    source, sig = KERNELS[name]
-    k = lib.resolve(HipKernel(source, name, sig, str(Path(directory).resolve())))
-    return replace(k, overlaps=True)
-
-
-def chain_us(rt, stream, launches, n: int, reps: int = 20) -> float:
-    """Microseconds per repetition of `launches` (a list of (kernel, grid, block, args)) in a
-    captured graph of n repetitions."""
+def chain_us(rt, stream, launch, n: int, reps: int = 10) -> float:
+    """Microseconds per launch of `launch` (kernel, grid, block, args) in a graph of n."""
     rt.begin_capture(stream)
     for _ in range(n):
-        for k, grid, block, args in launches:
-            rt.launch(k, grid, block, args, stream=stream, overlap=True)
+        rt.launch(*launch, stream=stream, overlap=True)
     graph = rt.end_capture(stream)
     rt.replay(graph, stream)
     rt.synchronize(stream)
@@ -57,58 +58,61 @@ def chain_us(rt, stream, launches, n: int, reps: int = 20) -> float:
     return rt.elapsed_ms(a, b) * 1e3 / reps / n
 
 
-def probe(rt, lib, dev, directory: str, positions: int, splits: int, n: int, rows: int) -> dict:
-    rng = np.random.default_rng(0)
-    c = Case(rng, H, KVH, D, D, [positions] * rows, True)
+def kernel(lib, name: str, directory: str):
+    """Kernel `name` compiled from `directory`'s sources."""
+    source, sig = KERNELS[name]
+    return replace(lib.resolve(HipKernel(source, name, sig, str(Path(directory).resolve()))),
+                   overlaps=True)  # fmt: skip
+
+
+def probe(rt, lib, dev, directory: str, heads, position: int, splits: int, fmt: KvFormat,
+          grouped: bool, n: int) -> dict:  # fmt: skip
+    H, KVH, D = heads
+    c = Case(np.random.default_rng(0), H, KVH, D, D, [position], fmt)
     b = c.buffers(dev, splits)
-    q, k, v = dev.put(c.q), dev.put(c.k), dev.put(c.v)
+    name, nq = attn_decode_kernel(D, D, H, KVH)
+    if not grouped:
+        name, nq = name.removesuffix(f"_g{nq}"), 1
+    blocks = H if nq == 1 else KVH * -(-(H // KVH) // nq)
     nw = dev.put(np.ones(D, np.float32))
-    meta = [dev.put(c.pos), dev.put(c.slots), dev.put(c.bt), dev.put(c.btoff)]
-    att = kernel(lib, "attn_decode", directory)
-    att_args = [q, k, v, nw, nw, *meta, b["kc"], b["vc"], b["part_o"], b["part_ml"], b["cnt"],
-                b["out"], KVH, D, D, D, 1, 10000.0, 1.0, 0, 1.0, 1e-6, BS, D**-0.5, 0, 1,
-                0]  # fmt: skip
-    x, o, xn = (
-        dev.put(np.ones(640, np.float32)),
-        dev.put(np.ones(640, np.float32)),
-        dev.put(np.zeros(640, np.float32)),
-    )
-    w = dev.put(np.ones(640, np.float32))
-    norm = kernel(lib, "add_norm", directory)
-    norm_args = [x, o, w, w, xn, 640, 1e-6]
-    attn_l = (att, (H, rows, splits), (ATT_THREADS,), att_args)
-    norm_l = (norm, (1,), (32,), norm_args)
-    stream = rt.stream()
-    a = chain_us(rt, stream, [attn_l], n)
-    na = chain_us(rt, stream, [norm_l, attn_l], n)
-    no = chain_us(rt, stream, [norm_l], n)
-    return {"attn": round(a, 2), "norm+attn": round(na, 2), "norm": round(no, 2),
-            "after norm": round(na - no, 2)}  # fmt: skip
+    args = [dev.put(c.q), dev.put(c.k), dev.put(c.v), nw, nw, dev.put(c.pos), dev.put(c.slots),
+            dev.put(c.bt), dev.put(c.btoff), b["kc"], b["vc"], b["part_o"], b["part_ml"],
+            b["cnt"], b["out"], KVH, D, D, D, 1, 10000.0, 1.0, 0, 1.0, 1e-6, BS, D**-0.5, 0,
+            KV_FORMAT_IDS[fmt], 0, *([H] if nq > 1 else [])]  # fmt: skip
+    launch = (kernel(lib, name, directory), (blocks, 1, splits), (ATT_THREADS,), args)
+    us = chain_us(rt, rt.stream(), launch, n)
+    kv_bytes = 2 * position * KVH * row_bytes(fmt, D)
+    return {"kernel": name, "format": fmt.value, "positions": position, "splits": splits,
+            "us": round(us, 2), "GB/s": round(kv_bytes / us / 1e3, 1)}  # fmt: skip
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--positions", type=int, nargs="+", default=[16, 64, 128, 1024])
+    ap.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], metavar=("H", "KVH", "D"))
+    ap.add_argument("--positions", type=int, nargs="+", default=[4096, 16384, 32768])
+    ap.add_argument("--splits", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--formats", nargs="+", default=["f16", "q8_0"])
+    ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--dirs", nargs="+", default=[f"new={ROOT / 'kernels'}"])
-    ap.add_argument("--launches", type=int, default=60)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1], help="sequences per launch")
-    ap.add_argument("--splits", type=int, nargs="+", default=[1, 16], help="most splits (grid z)")
+    ap.add_argument("--grouped-only", action="store_true", help="leave out the per-head kernel")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rt = open_runtime()
     lib = KernelLibrary(rt)
-    results = []
-    for spec in a.dirs:
-        label, directory = spec.split("=", 1)
-        for rows in a.rows:
+    results = [{"copy GB/s": round(copy_bandwidth(rt) / 1e9, 1)}]
+    print(json.dumps(results[0]), flush=True)
+    kinds = (True,) if a.grouped_only else (False, True)
+    for label, directory in (d.split("=", 1) for d in a.dirs):
+        for fmt in map(KvFormat, a.formats):
             for p in a.positions:
                 for splits in a.splits:
-                    dev = Dev(rt)
-                    r = probe(rt, lib, dev, directory, p, splits, a.launches, rows)
-                    dev.free()
-                    results.append({"kernels": label, "rows": rows, "positions": p,
-                                    "splits": splits, **r})  # fmt: skip
-                    print(json.dumps(results[-1]), flush=True)
+                    for grouped in kinds:
+                        dev = Dev(rt)
+                        r = probe(rt, lib, dev, directory, a.heads, p, splits, fmt, grouped,
+                                  a.launches)  # fmt: skip
+                        dev.free()
+                        results.append({"kernels": label, **r})
+                        print(json.dumps(results[-1]), flush=True)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "attn_probe.json").write_text(json.dumps(results, indent=1))

@@ -11,7 +11,9 @@
 //   qk_rope_store  Q/K RMSNorm + RoPE in place, K/V into the cache (prefill and mixed batches)
 //   attn_rows      causal attention of each row over its cached positions (after qk_rope_store)
 //   attn_decode    one token per sequence: norm + RoPE of its Q/K, the K/V store and attention
-//                  in one launch (the row's own K/V come from registers, not from the cache)
+//                  in one launch (the row's own K/V come from registers, not from the cache);
+//                  its _g4 kernels take 4 query heads of a KV head a block, reading each cached
+//                  K/V row once for all of them
 // Both attention kernels split the positions over blockIdx.z (flash decoding) into as many splits
 // as the length needs (ATT_SPLIT_MIN positions each at least, gridDim.z at most; ATT_SPLIT_FEW when
 // fewer than ATT_FEW_BLOCKS (head, row) blocks share a split), decided on the device so a captured
@@ -31,6 +33,9 @@
 #define ATT_SPLIT_FEW 32
 #define ATT_FEW_BLOCKS 16
 #define ATT_NEG (-3.402823466e38f)
+// attn_decode: rounds a warp asks L2 for ahead of the one it computes (a bounded window of each
+// block's positions in flight: the whole split at once overflowed L2 at depth)
+#define ATT_AHEAD 4
 
 FORGE_DEV void warp_sync() {  // orders a warp's shared-memory writes before its later reads
 #if defined(FORGE_AMD)
@@ -371,10 +376,12 @@ struct AttSplit {
     int n_eff, begin, end;
 };
 
-FORGE_DEV AttSplit att_split(int n_kv, int window, int s, int n_grid) {
+// H: the launch's query heads (the few-blocks rule counts (head, row) pairs, however many heads
+// a block takes, so that grouped and per-head kernels split alike).
+FORGE_DEV AttSplit att_split(int n_kv, int window, int s, int n_grid, int H) {
     const int lo = window > 0 && n_kv > window ? n_kv - window : 0;
     const int len = n_kv - lo;
-    const bool few = (int)(gridDim.x * gridDim.y) < ATT_FEW_BLOCKS && len > ATT_SPLIT_MIN;
+    const bool few = H * (int)gridDim.y < ATT_FEW_BLOCKS && len > ATT_SPLIT_MIN;
     int n_eff = few ? (len + ATT_SPLIT_FEW - 1) / ATT_SPLIT_FEW  // (constant divisors: shifts)
                     : (len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN;
     n_eff = n_eff < 1 ? 1 : (n_eff > n_grid ? n_grid : n_eff);
@@ -431,14 +438,16 @@ template <int FMT> FORGE_DEV V4 kv_word(const void* cache, i64 row, int n, int d
     return w;
 }
 
-// Start moving the cached K and V rows of positions [begin, end) of KV head kvh into L2 (the
-// whole block shares the work; NVIDIA only, a no-op elsewhere). fmt: the cache's format.
-FORGE_DEV void att_prefetch(const AttArgs& a, int fmt) {
+// Start moving the cached K and V rows of positions [begin, min(end, a.end)) of KV head a.kvh
+// into L2, thread t0 of `stride` threads taking every stride-th line (NVIDIA only, a no-op
+// elsewhere). fmt: the cache's format.
+FORGE_DEV void att_prefetch(const AttArgs& a, int fmt, int begin, int end, int t0, int stride) {
 #if defined(FORGE_NV)
     const int krb = kv_row_bytes(fmt, a.D), vrb = kv_row_bytes(fmt, a.Dv);
     const int kl = (krb + 127) / 128, vl = (vrb + 127) / 128, per = kl + vl;
-    for (int t = threadIdx.x; t < (a.end - a.begin) * per; t += blockDim.x) {
-        const int p = a.begin + t / per, line = t % per;
+    end = end < a.end ? end : a.end;
+    for (int t = t0; t < (end - begin) * per; t += stride) {
+        const int p = begin + t / per, line = t % per;
         const i64 slot = (i64)a.table[p / a.block_size] * a.block_size + p % a.block_size;
         const char* at = line < kl ? (const char*)a.kc + (slot * a.Hkv + a.kvh) * krb + 128 * line
                                    : (const char*)a.vc + (slot * a.Hkv + a.kvh) * vrb
@@ -448,6 +457,10 @@ FORGE_DEV void att_prefetch(const AttArgs& a, int fmt) {
 #else
     (void)a;
     (void)fmt;
+    (void)begin;
+    (void)end;
+    (void)t0;
+    (void)stride;
 #endif
 }
 
@@ -498,74 +511,122 @@ FORGE_DEV void att_load(const AttArgs& a, AttTile<AttShape<LPP, VPL, FMT>>& t, i
     }
 }
 
-// Online softmax over a loaded round: `left` positions from the round's first are real.
-// The quantized formats apply each piece's scale once to its 8 products.
-template <int LPP, int VPL, int FMT>
+// Online softmax over a loaded round for NQ query heads of one KV head (head j: q + j E, m[j],
+// l[j], acc + j E; each head's arithmetic is the same whatever NQ): `left` positions from the
+// round's first are real. The quantized formats apply each piece's scale once to its 8 products.
+template <int LPP, int VPL, int FMT, int NQ>
 FORGE_DEV void att_score(const AttTile<AttShape<LPP, VPL, FMT>>& t, const float* q, int left,
-                         int grp, float& m, float& l, float* acc) {
+                         int grp, float* m, float* l, float* acc) {
     using S = AttShape<LPP, VPL, FMT>;
-    float sc[S::U], mx = m;
+    constexpr int E = S::E;
+    float sc[NQ][S::U], mx[NQ];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) mx[j] = m[j];
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
-        float dot = 0.0f;
+        float dot[NQ];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) dot[j] = 0.0f;
         if (kv_quant(FMT)) {
 #pragma unroll
             for (int v = 0; v < VPL; ++v) {
-                float pd = 0.0f;
+                float pd[NQ];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) pd += q[8 * v + k] * elem_code<FMT>(t.k[u], 8 * v + k);
-                dot += pd * elem_scale<FMT>(t.k[u], 8 * v);
+                for (int j = 0; j < NQ; ++j) pd[j] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float kf = elem_code<FMT>(t.k[u], 8 * v + k);
+#pragma unroll
+                    for (int j = 0; j < NQ; ++j) pd[j] += q[j * E + 8 * v + k] * kf;
+                }
+                const float ks = elem_scale<FMT>(t.k[u], 8 * v);
+#pragma unroll
+                for (int j = 0; j < NQ; ++j) dot[j] += pd[j] * ks;
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < S::E; ++i) dot += q[i] * elem_code<FMT>(t.k[u], i);
+            for (int i = 0; i < E; ++i) {
+                const float kf = elem_code<FMT>(t.k[u], i);
+#pragma unroll
+                for (int j = 0; j < NQ; ++j) dot[j] += q[j * E + i] * kf;
+            }
         }
 #pragma unroll
-        for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
-        sc[u] = u * S::G + grp < left ? dot : ATT_NEG;
-        mx = fmaxf(mx, sc[u]);
-    }
-    const float f = expf(m - mx);
-    l *= f;
+        for (int j = 0; j < NQ; ++j) {
 #pragma unroll
-    for (int i = 0; i < S::E; ++i) acc[i] *= f;
+            for (int o = LPP / 2; o > 0; o >>= 1) dot[j] += shfl_xor(dot[j], o);
+            sc[j][u] = u * S::G + grp < left ? dot[j] : ATT_NEG;
+            mx[j] = fmaxf(mx[j], sc[j][u]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const float f = expf(m[j] - mx[j]);
+        l[j] *= f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[j * E + i] *= f;
+    }
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
-        const float pu = u * S::G + grp < left ? expf(sc[u] - mx) : 0.0f;
-        l += pu;
+        float pu[NQ];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            pu[j] = u * S::G + grp < left ? expf(sc[j][u] - mx[j]) : 0.0f;
+            l[j] += pu[j];
+        }
         if (kv_quant(FMT)) {
 #pragma unroll
             for (int v = 0; v < VPL; ++v) {
-                const float ps = pu * elem_scale<FMT>(t.v[u], 8 * v);
+                const float vs = elem_scale<FMT>(t.v[u], 8 * v);
+                float ps[NQ];
+#pragma unroll
+                for (int j = 0; j < NQ; ++j) ps[j] = pu[j] * vs;
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
-                    acc[8 * v + k] += ps * elem_code<FMT>(t.v[u], 8 * v + k);
+                    const float vf = elem_code<FMT>(t.v[u], 8 * v + k);
+#pragma unroll
+                    for (int j = 0; j < NQ; ++j) acc[j * E + 8 * v + k] += ps[j] * vf;
                 }
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < S::E; ++i) acc[i] += pu * elem_code<FMT>(t.v[u], i);
+            for (int i = 0; i < E; ++i) {
+                const float vf = elem_code<FMT>(t.v[u], i);
+#pragma unroll
+                for (int j = 0; j < NQ; ++j) acc[j * E + i] += pu[j] * vf;
+            }
         }
     }
-    m = mx;
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) m[j] = mx[j];
 }
 
-// Each warp's online softmax over its chunks of CHK positions of [begin, end) (chunk c0 = begin +
-// CHK (warp + nwarps k), rounds of CH within it), continuing (m, l, acc). `loaded`: t already
-// holds the first round of the warp's first chunk and `my` its slots.
-template <int LPP, int VPL, int FMT, int CHK>
+// Each warp's online softmax (att_score's NQ heads) over its chunks of CHK positions of
+// [begin, end) (chunk c0 = begin + CHK (warp + nwarps k), rounds of CH within it), continuing
+// (m, l, acc). `loaded`: t already holds the first round of the warp's first chunk and `my` its
+// slots.
+template <int LPP, int VPL, int FMT, int CHK, int NQ, bool PF = false>
 FORGE_DEV void attend_run(const AttArgs& a, const float* q, AttTile<AttShape<LPP, VPL, FMT>>& t,
-                          bool loaded, int my, float& m, float& l, float* acc) {
+                          bool loaded, int my, float* m, float* l, float* acc) {
     using S = AttShape<LPP, VPL, FMT>;
     const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
     const int nwarps = blockDim.x / FORGE_WARP, first = a.begin + warp * CHK;
-    for (int c0 = first; c0 < a.end; c0 += nwarps * CHK) {
-        if (!loaded || c0 != first) my = att_slot(a, c0, lane, CHK);
+    const int step = nwarps * CHK;
+    if (!loaded) my = att_slot(a, first, lane, CHK);
+    for (int c0 = first; c0 < a.end; c0 += step) {
+        if (PF) {  // this warp's chunk ATT_AHEAD chunks on, into L2
+            const int ahead = c0 + ATT_AHEAD * step;
+            if (ahead < a.end) att_prefetch(a, FMT, ahead, ahead + CHK, lane, FORGE_WARP);
+        }
         const int cn = a.end - c0 < CHK ? a.end - c0 : CHK;
+        int my_next = 0;
         for (int t0 = 0; t0 < cn; t0 += S::CH) {
             if (!loaded || c0 != first || t0 != 0) att_load<LPP, VPL, FMT>(a, t, my, c0, t0, lane);
-            att_score<LPP, VPL, FMT>(t, q, cn - t0, lane / LPP, m, l, acc);
+            // the next chunk's slots, asked for while this round's rows load (not after)
+            if (t0 == 0) my_next = att_slot(a, c0 + step, lane, CHK);
+            att_score<LPP, VPL, FMT, NQ>(t, q, cn - t0, lane / LPP, m, l, acc);
         }
+        my = my_next;
     }
 }
 
@@ -610,8 +671,18 @@ FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, f
     }
     AttTile<S> t;
     constexpr int CHK = S::CH > ATT_CHUNK ? S::CH : ATT_CHUNK;
-    attend_run<LPP, VPL, FMT, CHK>(a, q, t, false, 0, m, l, acc);
+    attend_run<LPP, VPL, FMT, CHK, 1>(a, q, t, false, 0, &m, &l, acc);
     att_warp_out<LPP, VPL>(m, l, acc, a.Dv, wm, wl, wacc);
+}
+
+// A load of data another block wrote before a __threadfence and an atomic this block saw (past
+// any incoherent cache level).
+FORGE_DEV float ld_coherent(const float* p) {
+#if defined(FORGE_NV)
+    return __ldcg(p);
+#else
+    return *(const volatile float*)p;
+#endif
 }
 
 // Merge the block's entries (its warps, plus the row's own position when given as one more),
@@ -619,7 +690,7 @@ FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, f
 // finish merges the partials. rh = r * H + h.
 // sink (gpt-oss's learned sink of the head, or null): one more softmax term e^sink whose value is
 // zero, counted once, where the output is normalised.
-FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, int n_ent, int Dv,
+FORGE_DEV void att_finish(const float* wm, const float* wl, float* wacc, int n_ent, int Dv,
                           int n_eff, int s, int n_grid, i64 rh, float* part_o, float* part_ml,
                           u32* cnt, float* out, int* flag, const float* sink) {
     __syncthreads();  // every entry's wm, wl, wacc
@@ -654,15 +725,27 @@ FORGE_DEV void att_finish(const float* wm, const float* wl, const float* wacc, i
     __syncthreads();
     if (!*flag) return;
     __threadfence();
-    const volatile float* po = part_o + rh * n_grid * Dv;
-    const volatile float* pm = part_ml + 2 * rh * n_grid;
-    float gm = sink ? *sink : ATT_NEG;
-    for (int i = 0; i < n_eff; ++i) gm = fmaxf(gm, pm[2 * i]);
-    float gl = sink ? expf(*sink - gm) : 0.0f;
-    for (int i = 0; i < n_eff; ++i) gl += pm[2 * i + 1] * expf(pm[2 * i] - gm);
+    // The merge: the partials' maxima, sums and weights found by the whole block at once (a
+    // thread looping over every partial's one after another made each split cost a block's
+    // latency), the weights into wacc (read by every thread above, so free now; the plan keeps
+    // n_eff within the (row, split) pairs of part_o, far fewer than wacc's floats).
+    __shared__ float red[ATT_MAX_WARPS];  // (block_max / block_sum: one float a warp)
+    const float* po = part_o + rh * n_grid * Dv;
+    const float* pm = part_ml + 2 * rh * n_grid;
+    float lm = ATT_NEG;
+    for (int i = threadIdx.x; i < n_eff; i += blockDim.x) lm = fmaxf(lm, ld_coherent(pm + 2 * i));
+    const float gm = fmaxf(block_max(lm, red), sink ? *sink : ATT_NEG);
+    float ls = 0.0f;
+    for (int i = threadIdx.x; i < n_eff; i += blockDim.x) {
+        const float w = expf(ld_coherent(pm + 2 * i) - gm);
+        wacc[i] = w;
+        ls += ld_coherent(pm + 2 * i + 1) * w;
+    }
+    const float gl = block_sum(ls, red) + (sink ? expf(*sink - gm) : 0.0f);  // (a barrier too)
     for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
         float o = 0.0f;
-        for (int i = 0; i < n_eff; ++i) o += po[(i64)i * Dv + d] * expf(pm[2 * i] - gm);
+#pragma unroll 8
+        for (int i = 0; i < n_eff; ++i) o += ld_coherent(po + (i64)i * Dv + d) * wacc[i];
         orow[d] = o / gl;
     }
     if (threadIdx.x == 0) cnt[rh] = 0u;  // every other block of this (row, head) has counted
@@ -684,7 +767,7 @@ FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_rows(const float* __restri
     __shared__ float wacc[(ATT_MAX_WARPS + 1) * LAYER_MAX_D];
     __shared__ int flag;
     const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
-    const AttSplit sp = att_split(pos[r] + 1, window, s, gridDim.z);
+    const AttSplit sp = att_split(pos[r] + 1, window, s, gridDim.z, H);
     if (s >= sp.n_eff) return;
     for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = q[((i64)r * H + h) * D + d] * scale;
     __syncthreads();
@@ -726,21 +809,27 @@ struct DecArgs {
     const float* sinks;
 };
 
-// attn_decode in the (LPP, VPL) layout. Each warp norms and rotates the query head in its
-// registers (no block barrier); warp 0 of the block whose split holds the row's own position does
-// the same for the K head, starts its softmax with that position from registers (not from the
-// cache) and, for the first query head of the KV group, stores K and V. Before the wait each warp
-// loads its first round of cached K/V, the RoPE coefficients and the norm weights.
-template <int LPP, int VPL, int FMT>
-FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* wl, float* wacc,
-                                 int* flag) {
+// attn_decode in the (LPP, VPL) layout for NQ query heads of one KV head: block x takes heads
+// h0 .. h0 + nq - 1 of KV head kvh (the group's H / Hkv heads in ceil(group / NQ) blocks, the last
+// one's nq possibly short; its missing heads run as zero queries and write nothing), so that
+// each K/V row a block loads serves all of them. Each warp norms and rotates the query heads in
+// its registers (no block barrier); warp 0 of the block whose split holds the row's own position
+// does the same for the K head, starts its softmax with that position from registers (not from
+// the cache) and, in the group's first block, stores K and V. Before the wait each warp loads
+// its first round of cached K/V, the RoPE coefficients and the norm weights.
+template <int LPP, int VPL, int FMT, int NQ>
+FORGE_DEV void attn_decode_head(const DecArgs& g, int H, float* rc, float* wm, float* wl,
+                                float* wacc, int* flag) {
     using S = AttShape<LPP, VPL, FMT>;
     constexpr int E = S::E;
-    const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z, H = gridDim.x;
+    const int r = blockIdx.y, s = blockIdx.z;
     const int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;
     const int nwarps = blockDim.x / FORGE_WARP, e = lane % LPP, grp = lane / LPP;
-    const int n_kv = g.pos[r] + 1, group = H / g.Hkv, kvh = h / group;
-    const AttSplit sp = att_split(n_kv, g.window, s, gridDim.z);
+    const int group = H / g.Hkv, nb = (group + NQ - 1) / NQ, kvh = blockIdx.x / nb;
+    const int first = (blockIdx.x % nb) * NQ, h0 = kvh * group + first;
+    const int nq = NQ == 1 || group - first >= NQ ? NQ : group - first;
+    const int n_kv = g.pos[r] + 1;
+    const AttSplit sp = att_split(n_kv, g.window, s, gridDim.z, H);
     const bool active = s < sp.n_eff;
     const bool self = active && sp.begin < sp.end && sp.end == n_kv && warp == 0;
     AttArgs a;
@@ -763,9 +852,10 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
         const int c0 = a.begin + warp * S::CH;
         my = att_slot(a, c0, lane, S::CH);
         if (c0 < a.end) att_load<LPP, VPL, FMT>(a, t, my, c0, 0, lane);
-        AttArgs rest = a;  // the later rounds into L2
-        rest.begin = a.begin + nwarps * S::CH;
-        if (rest.begin < rest.end) att_prefetch(rest, FMT);
+        // the next ATT_AHEAD rounds of every warp into L2 (each round then asks for the one
+        // ATT_AHEAD on: L2 holds a bounded window of every block's positions, however long)
+        const int r1 = a.begin + nwarps * S::CH;
+        att_prefetch(a, FMT, r1, r1 + ATT_AHEAD * nwarps * S::CH, threadIdx.x, blockDim.x);
         rope_table(rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base, g.freqs, g.mscale);
         head_weights<LPP, VPL>(g.qnw, g.D, e, qw);
         if (self) head_weights<LPP, VPL>(g.knw, g.D, e, kw);
@@ -774,42 +864,56 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
     }
     FORGE_GRID_WAIT();
     if (!active) return;
-    float q[E], kx[E], vx[E], acc[E], m = ATT_NEG, l = 0.0f;
-    head_load<LPP, VPL>(g.q + ((i64)r * H + h) * g.D, g.D, e, q);
+    float q[NQ * E], kx[E], vx[E], acc[NQ * E], m[NQ], l[NQ];
+    float* xch = wacc + warp * LAYER_MAX_D;  // the warp's own slice, free until att_warp_out
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        head_load<LPP, VPL>(g.q + ((i64)r * H + h0 + j) * g.D, j < nq ? g.D : 0, e, q + j * E);
+        head_norm_rope<LPP, VPL>(q + j * E, qw, g.qnw != nullptr, c, sn, xch, g.D, g.n_rot,
+                                 g.neox, g.eps, g.scale, e, grp == 0);
+        m[j] = ATT_NEG;
+        l[j] = 0.0f;
+    }
     if (self) {
         head_load<LPP, VPL>(g.k + ((i64)r * g.Hkv + kvh) * g.D, g.D, e, kx);
         head_load<LPP, VPL>(g.v + ((i64)r * g.Hkv + kvh) * g.Dv, g.Dv, e, vx);
     }
-    float* xch = wacc + warp * LAYER_MAX_D;  // the warp's own slice, free until att_warp_out
-    head_norm_rope<LPP, VPL>(q, qw, g.qnw != nullptr, c, sn, xch, g.D, g.n_rot, g.neox, g.eps,
-                             g.scale, e, grp == 0);
 #pragma unroll
-    for (int i = 0; i < E; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < NQ * E; ++i) acc[i] = 0.0f;
     if (self) {
         head_norm_rope<LPP, VPL>(kx, kw, g.knw != nullptr, c, sn, xch, g.D, g.n_rot, g.neox,
                                  g.eps, 1.0f, e, grp == 0);
-        // K and V as the cache holds them (as read back later); the first query head of the KV
-        // group stores them
+        // K and V as the cache holds them (as read back later); the group's first block stores
         const i64 row = (i64)g.slots[r] * g.Hkv + kvh;
-        const bool store = grp == 0 && h % group == 0;
+        const bool store = grp == 0 && first == 0;
         head_put<LPP, VPL>(kx, g.kc, row, g.D, e, FMT, store);
         head_put<LPP, VPL>(vx, g.vc, row, g.Dv, e, FMT, store);
-        float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; ++i) dot += q[i] * kx[i];
+        for (int j = 0; j < NQ; ++j) {
+            float dot = 0.0f;
 #pragma unroll
-        for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
-        if (grp == 0) {  // one group holds the position (the warp's groups are summed)
-            m = dot;
-            l = 1.0f;
+            for (int i = 0; i < E; ++i) dot += q[j * E + i] * kx[i];
 #pragma unroll
-            for (int i = 0; i < E; ++i) acc[i] = vx[i];
+            for (int o = LPP / 2; o > 0; o >>= 1) dot += shfl_xor(dot, o);
+            if (grp == 0) {  // one group holds the position (the warp's groups are summed)
+                m[j] = dot;
+                l[j] = 1.0f;
+#pragma unroll
+                for (int i = 0; i < E; ++i) acc[j * E + i] = vx[i];
+            }
         }
     }
-    attend_run<LPP, VPL, FMT, S::CH>(a, q, t, true, my, m, l, acc);
-    att_warp_out<LPP, VPL>(m, l, acc, g.Dv, wm, wl, wacc);
-    att_finish(wm, wl, wacc, nwarps, g.Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h, g.part_o,
-               g.part_ml, g.cnt, g.out, flag, g.sinks ? g.sinks + h : nullptr);
+    attend_run<LPP, VPL, FMT, S::CH, NQ, true>(a, q, t, true, my, m, l, acc);
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        if (j < nq) {  // (uniform over the block)
+            if (j > 0) __syncthreads();  // the previous head's merge has read wm, wl, wacc
+            att_warp_out<LPP, VPL>(m[j], l[j], acc + j * E, g.Dv, wm, wl, wacc);
+            const int h = h0 + j;
+            att_finish(wm, wl, wacc, nwarps, g.Dv, sp.n_eff, s, gridDim.z, (i64)r * H + h,
+                       g.part_o, g.part_ml, g.cnt, g.out, flag, g.sinks ? g.sinks + h : nullptr);
+        }
+    }
 }
 
 // Decode: each row is one new token of its own sequence. q [R, H, D], k [R, Hkv, D], v [R, Hkv, Dv]
@@ -818,6 +922,9 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
 // grid = (H, R, max splits), block = up to ATT_MAX_WARPS warps. D, Dv as for attn_rows.
 // attn_decode_w<W> takes heads of at most W, in the layout of that width (its registers only);
 // the plan takes the narrowest that holds its heads. attn_decode_w512 takes every head width.
+// attn_decode_w<W>_g4 (W <= 256) takes the query heads of a KV head 4 at a time, reading each
+// cached K/V row once for them: grid = (Hkv ceil(H / Hkv / 4), R, max splits), one more
+// argument H; its results are attn_decode_w<W>'s to the bit.
 #define ATT_DECODE_PARAMS                                                                       \
     const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,      \
         const float *__restrict__ qnw, const float *__restrict__ knw, const i32 *__restrict__ pos, \
@@ -834,20 +941,33 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, float* rc, float* wm, float* w
                        out, Hkv, D, Dv, n_rot, neox, base, freq_scale, freqs, mscale, eps,     \
                        block_size, scale, window, kv_fmt, sinks};                              \
     DISPATCH
-#define DECODE_FMT(L, V, F) attn_decode_head<L, V, F>(g, rc, wm, wl, wacc, &flag)
+#define DECODE_FMT(L, V, F) attn_decode_head<L, V, F, 1>(g, gridDim.x, rc, wm, wl, wacc, &flag)
 #define DECODE_HEAD(L, V) KV_DISPATCH(kv_fmt, DECODE_FMT, L, V)
+#define DECODE_FMT4(L, V, F) attn_decode_head<L, V, F, 4>(g, H, rc, wm, wl, wacc, &flag)
+#define DECODE_HEAD4(L, V) KV_DISPATCH(kv_fmt, DECODE_FMT4, L, V)
 
-FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w64(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w64(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(8, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w128(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w128(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(16, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w256(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w256(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD(32, 1);)
 }
-FORGE_KERNEL void __launch_bounds__(ATT_THREADS) attn_decode_w512(ATT_DECODE_PARAMS) {
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w512(ATT_DECODE_PARAMS) {
     ATT_DECODE_BODY(DECODE_HEAD((FORGE_WARP >= 64 ? 64 : 32), (FORGE_WARP >= 64 ? 1 : 2));)
 }
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w64_g4(ATT_DECODE_PARAMS, int H) {
+    ATT_DECODE_BODY(DECODE_HEAD4(8, 1);)
+}
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w128_g4(ATT_DECODE_PARAMS, int H) {
+    ATT_DECODE_BODY(DECODE_HEAD4(16, 1);)
+}
+FORGE_KERNEL void __launch_bounds__(ATT_THREADS, 1) attn_decode_w256_g4(ATT_DECODE_PARAMS, int H) {
+    ATT_DECODE_BODY(DECODE_HEAD4(32, 1);)
+}
+#undef DECODE_HEAD4
+#undef DECODE_FMT4
 #undef DECODE_HEAD
 #undef DECODE_FMT

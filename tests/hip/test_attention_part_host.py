@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from forge_hip.library import attn_decode_kernel
 
 from forge.backend import SeqBatch
 from forge.gguf import open_gguf
@@ -26,6 +27,9 @@ class UploadingRuntime(FakeRuntime):
     def copy_to_device(self, dst, src, stream=None):
         super().copy_to_device(dst, src, stream)
         self.copies[int(getattr(dst, "ptr", dst))] = np.array(src, copy=True)
+
+
+DECODE_SINKS = 29  # attn_decode's sinks argument (the grouped kernels take H after it)
 
 
 def _runner(golden_dir, name, rt):
@@ -75,7 +79,7 @@ def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows)
         assert len(decode) == runner.spec.n_layer
         for i, args in enumerate(decode):
             a = plan.attention[i]
-            assert args[-1] == address(f"blk.{i}.attn_sinks.weight") != 0
+            assert args[DECODE_SINKS] == address(f"blk.{i}.attn_sinks.weight") != 0
             assert args[22] == a.rope_freqs != 0  # (the argument after freq_scale)
             assert args[23] == int(a.mscale)  # (the fake runtime records ints)
     else:
@@ -101,10 +105,35 @@ def test_models_without_sinks_or_scaled_rope_hand_over_nothing_new(golden_dir):
     for a in runner.plan.attention:
         assert (a.sinks, a.rope_freqs, a.mscale) == (0, 0, 1.0)
     n = runner.spec.n_layer
-    for kernel, sinks in (("attn_rows", -1), ("attn_prefill", -1), ("attn_decode", -1)):
+    for kernel, sinks in (("attn_rows", -1), ("attn_prefill", -1), ("attn_decode", DECODE_SINKS)):
         launched = _args(rt, kernel)
         assert len(launched) >= n and all(a[sinks] == 0 for a in launched), kernel
     rope = _args(rt, "qk_rope_store")
     assert len(rope) >= n and all(a[17:19] == [0, 1] for a in rope)
     decode = _args(rt, "attn_decode")
     assert all(a[22:24] == [0, 1] for a in decode)
+
+
+def test_the_plan_groups_only_shared_kv_heads():
+    assert attn_decode_kernel(128, 128, 32, 8) == ("attn_decode_w128_g4", 4)
+    assert attn_decode_kernel(256, 256, 4, 1) == ("attn_decode_w256_g4", 4)
+    assert attn_decode_kernel(64, 64, 8, 8) == ("attn_decode_w64", 1)  # no sharing: per head
+    assert attn_decode_kernel(512, 512, 8, 1) == ("attn_decode_w512", 1)  # no grouped layout
+
+
+@pytest.mark.parametrize("name,blocks", [("gpt-oss-q8_0.gguf", 2), ("qwen3-q8_0.gguf", 2),
+                                         ("gemma3-q4_k_m.gguf", 1)])  # fmt: skip
+def test_decode_launches_a_block_per_four_query_heads_of_a_kv_head(golden_dir, name, blocks):
+    """gpt-oss's 8 heads on 2 KV heads: 2 full blocks; qwen3's 4 on 2: 2 half blocks; gemma3's 4
+    on 1: one. The grouped kernel gets the head count after the sinks."""
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, name, rt)
+    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.arange(1), "last")])
+    rt.launches.clear()
+    rt.launch_args.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.arange(1), "last")])
+    grids = [(n, g) for n, g, _ in rt.launches if n.startswith("attn_decode")]
+    s = runner.spec
+    assert [n for n, _ in grids] == [f"attn_decode_w{s.head_dim}_g4"] * s.n_layer
+    assert all(g[:2] == (blocks, 1) for _, g in grids)
+    assert all(a[DECODE_SINKS + 1] == s.n_head for a in _args(rt, "attn_decode"))

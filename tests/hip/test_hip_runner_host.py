@@ -532,6 +532,7 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     them; attention splits stop at att_fill blocks per compute unit. plan.mmq off: the mvq
     kernels (or the prefill GEMM past 32)."""
     from forge_hip.tuning import DEFAULT, MMQ_WARPS, mmq_items
+    from forge_hip.workspace import PART_ROWS
 
     ATT_FILL, MMQ_LAUNCH_ROWS = DEFAULT.att_fill, DEFAULT.mmq_launch_rows
 
@@ -573,8 +574,11 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
                 seen.add(r0)
         assert seen == {r0 for r0, _ in halves}
         grids = [g for n, g, _ in rt.launches if n.startswith("attn_decode")]
-        want = min(runner.splits, ATT_FILL * rt.props.compute_units // (rows * spec.n_head))
-        assert grids and all(g == (spec.n_head, rows, max(1, want)) for g in grids), grids
+        blocks = plan.attentions.decode_blocks()  # gemma3: 4 query heads on 1 KV head: 1
+        assert blocks == 1
+        fill = ATT_FILL * rt.props.compute_units // (rows * blocks)
+        want = min(runner.splits, PART_ROWS // rows, fill)
+        assert grids and all(g == (blocks, rows, max(1, want)) for g in grids), grids
         assert MMQ_WARPS == 8
     runner.close()
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 from forge_hip.executor import GraphCache, Launcher
-from forge_hip.library import ATT_DECODE_WIDTHS
+from forge_hip.library import ATT_DECODE_GROUP, ATT_DECODE_WIDTHS
 from forge_hip.runtime.base import Kernel
 from forge_hip.sources import kernel_dir, source_names
 
@@ -22,6 +22,7 @@ ATTN_DECODE_EARLY = ("the step's row metadata, norm weights and K/V cache rows o
                      "coefficients)", "attn_decode_head")  # fmt: skip
 EARLY_WORK = {
     **{f"attn_decode_w{w}": ATTN_DECODE_EARLY for w in ATT_DECODE_WIDTHS},
+    **{f"attn_decode_w{w}_g{ATT_DECODE_GROUP}": ATTN_DECODE_EARLY for w in ATT_DECODE_WIDTHS[:-1]},
     "add_norm": ("its norm weights", "add_norm"),
     "mvq_multi_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "mvq_glu_##SUFFIX": ("descriptors and weights (L2 prefetch)", "mvq_body"),

@@ -18,7 +18,7 @@ from forge.kv_cache import KvFormat
 from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import ModelSpec
 from forge_hip.contract import constants
-from forge_hip.library import KernelLibrary
+from forge_hip.library import KernelLibrary, attn_decode_kernel
 from forge_hip.products import Fused, Products
 from forge_hip.tuning import qk_rope_blocks
 from forge_hip.workspace import Workspace
@@ -61,10 +61,23 @@ class Attentions:
     """Descriptors and launches of the attention parts of one model."""
 
     def __init__(self, spec: ModelSpec, products: Products, lib: KernelLibrary, ws: Workspace,
-                 op: dict, warp: int):  # fmt: skip
+                 op: dict, warp: int, builtin_decode: bool = True):  # fmt: skip
+        """`builtin_decode`: op["attn_decode"] is the built-in kernel, so the layout and head
+        grouping made for these heads replace it (its registers, not the widest's)."""
         self.spec, self.products, self.lib, self.ws, self.op = spec, products, lib, ws, op
         self.warp = warp
+        self.decode_group = 1  # query heads per attn_decode block (sharing K/V reads)
+        if builtin_decode:
+            name, self.decode_group = attn_decode_kernel(spec.head_dim, spec.head_dim_v,
+                                                         spec.n_head, spec.n_head_kv)  # fmt: skip
+            op["attn_decode"] = lib.get(name)
         self._tables = self._upload_tables()
+
+    def decode_blocks(self) -> int:
+        """attn_decode blocks per row and split: one per query head, or per group of
+        `decode_group` query heads of one KV head."""
+        s, nq = self.spec, self.decode_group
+        return s.n_head if nq == 1 else s.n_head_kv * -(-(s.n_head // s.n_head_kv) // nq)
 
     def _upload_tables(self) -> dict[int, int]:
         """Layer -> device address of its frequency table (layers with one)."""
@@ -110,10 +123,11 @@ class Attentions:
                 a.mscale, s.rms_eps]  # fmt: skip
         att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, kv.format_id]
         if decode:
-            L(op["attn_decode"], (s.n_head, rows, splits), (ATT_THREADS,),
+            nq = self.decode_group
+            L(op["attn_decode"], (self.decode_blocks(), rows, splits), (ATT_THREADS,),
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, meta.bt, meta.btoff,
                kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim,
-               s.head_dim_v, *rope, *att, a.sinks])  # fmt: skip
+               s.head_dim_v, *rope, *att, a.sinks, *([s.n_head] if nq > 1 else [])])  # fmt: skip
         else:
             qk = qk_rope_blocks(s.n_head, s.n_head_kv, ROPE_THREADS, self.warp)
             L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),

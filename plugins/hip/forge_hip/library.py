@@ -25,6 +25,7 @@ MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* 
 MOE_VARIANTS = ("r1", "r8", "gen", "mma")  # moe.hip's moe_glu_* / moe_down_* suffixes
 MOE_TYPED_R1 = ("MXFP4", "Q4_K", "Q6_K", "Q8_0")  # moe.hip's moe_*_r1_<type, lower case>
 ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
+ATT_DECODE_GROUP = 4  # attn_decode_w<W>_g4: query heads per block sharing their K/V reads
 
 
 class _Kernels(Mapping):
@@ -96,6 +97,7 @@ def plan_kernels() -> set[str]:
         "mv_multi", "mv_glu", "mm_tiled", "act_half", "gemm_m64", "gemm_m128", "feed_ids",
         "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
+        *(f"attn_decode_w{w}_g{ATT_DECODE_GROUP}" for w in ATT_DECODE_WIDTHS[:-1]),
         *(f"attn_prefill_{q}{d}" for q in ("", "q") for d in (64, 128, 256)),
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
@@ -116,6 +118,16 @@ def attn_decode_width(d: int, dv: int) -> int:
     """The attn_decode_w<W> kernel for heads of d (and dv) elements: the narrowest W that holds
     both (attention.hip's ATT_LAYOUT thresholds)."""
     return next(w for w in ATT_DECODE_WIDTHS if max(d, dv) <= w)
+
+
+def attn_decode_kernel(d: int, dv: int, n_head: int, n_head_kv: int) -> tuple[str, int]:
+    """The built-in decode attention for these heads and the query heads one of its blocks
+    takes: attn_decode_w<W>_g4 (4 heads of a KV head per block) when KV heads are shared and
+    a grouped layout holds the heads, else attn_decode_w<W> (one head per block)."""
+    width = attn_decode_width(d, dv)
+    if n_head > n_head_kv and width in ATT_DECODE_WIDTHS[:-1]:
+        return f"attn_decode_w{width}_g{ATT_DECODE_GROUP}", ATT_DECODE_GROUP
+    return f"attn_decode_w{width}", 1
 
 
 ATT_THREADS = constants()["ATT_THREADS"]  # attn_rows / attn_decode blocks

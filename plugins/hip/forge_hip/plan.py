@@ -23,7 +23,7 @@ from forge_hip.dense_ffn import DenseFFNs
 from forge_hip.executor import Launcher
 from forge_hip.experts import Experts
 from forge_hip.invariance import products_for, warn_if_uncovered
-from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary, attn_decode_width
+from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary
 from forge_hip.products import NORM_THREADS, Fused
 from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
 from forge_hip.workspace import PART_ROWS, Workspace
@@ -43,10 +43,7 @@ class Plan:
         embd = w["token_embd.weight"]
         self.k_embed = lib.resolve(kernels.require("hip", "embed", embd.type).impl)
         self.op = {op: lib.resolve(kernels.require("hip", op).impl) for op in BUILTIN_OPS}
-        if kernels.require("hip", "attn_decode").impl == BUILTIN_OPS["attn_decode"]:
-            # the built-in one for these heads only: that layout's registers, not the widest's
-            width = attn_decode_width(spec.head_dim, spec.head_dim_v)
-            self.op["attn_decode"] = lib.get(f"attn_decode_w{width}")
+        builtin_decode = kernels.require("hip", "attn_decode").impl == BUILTIN_OPS["attn_decode"]
         self.feed_ids = lib.get("feed_ids")
         self.mask_logits = lib.get("mask_logits")
         make = products_for(kernels)  # (forge_hip.invariance: batch_invariant's, or the default)
@@ -55,7 +52,7 @@ class Plan:
         warn_if_uncovered(kernels, experts)
         self.ffns = Experts(spec, p, lib, ws) if experts else DenseFFNs(spec, p, ws)
         self.attention, self.ffn = [], []
-        self.attentions = Attentions(spec, p, lib, ws, self.op, warp)
+        self.attentions = Attentions(spec, p, lib, ws, self.op, warp, builtin_decode)
         for i in range(spec.n_layer):
             self.attention.append(self.attentions.part(i))
             self.ffn.append(self.ffns.part(f"blk.{i}."))
@@ -97,9 +94,10 @@ class Plan:
         kernels use fewer for short contexts, one split needing no merge)."""
         s, ws, L = self.spec, self.ws, self.launch
         splits = max(1, min(splits, PART_ROWS // rows))
-        if decode and rows > 1 and self.tune.att_fill:
+        if decode and self.tune.att_fill:
             cus = self.lib.runtime.props.compute_units
-            splits = min(splits, max(1, self.tune.att_fill * cus // (rows * s.n_head)))
+            blocks = rows * self.attentions.decode_blocks()
+            splits = min(splits, max(1, self.tune.att_fill * cus // blocks))
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count, fuse=True):

@@ -36,7 +36,7 @@ from forge_hip.plan import Plan
 from forge_hip.step_meta import Pick, SampleMeta, chunks, prepare
 from forge_hip.stepping import Deferred, PickedCopies, Steps, TokenMasks, check_picked
 from forge_hip.tuning import load_tuning
-from forge_hip.workspace import MAX_SPLITS, ROW_CAP, Workspace, out_rows
+from forge_hip.workspace import MAX_SPLITS, ROW_CAP, ROWS_SPLITS, Workspace, out_rows
 
 DEFAULT_CTX = 4096  # context the load-time preflight assumes when the caller gives none
 SPLIT_LEN = constants()["ATT_SPLIT_MIN"]  # attention: positions per split at least
@@ -271,7 +271,7 @@ class HipRunner(Runner):
 
     def _pass(self, rows: int, one_each: bool) -> None:
         """The layers of a pass that is not a graph-replayed decode step."""
-        splits = self.splits if rows <= 16 else 1
+        splits = (self.splits if one_each else min(self.splits, ROWS_SPLITS)) if rows <= 16 else 1
         self.plan.layers_pass(rows, splits, self.meta, self.kv, one_each)
 
     def _enqueue(self, key) -> None:  # noqa: ANN001 - a GraphCache key
