@@ -17,8 +17,10 @@ registering a kernel with a higher priority replaces the built-in one):
   `forge_hip.attention_part`; the RoPE ops take a frequency table and a cos/sin magnitude after
   freq_scale, and the attention ops the heads' sinks last, each 0 / 1.0 / 0 when absent):
   "add_norm" (residual add and RMSNorm, layer.hip), "qk_rope_store" and "attn_rows"
-  (attention.hip), "attn_decode" (attention.hip's attn_decode_w512: every head width; the plan
-  takes a narrower built-in layout when the built-in one wins), "gather_rows", "add_bias",
+  (attention.hip), "attn_decode" (attention.hip's attn_decode_w512: every head width, one block
+  per query head; when the built-in one wins the plan takes the narrowest layout for the heads,
+  and its grouped form, 4 query heads of a KV head a block, one more argument H, when KV heads
+  are shared), "gather_rows", "add_bias",
   "act_round" (layer.hip), "sample_rows" (sampling.hip), "geglu" and "swiglu"
   (elementwise.hip). Attention kernels read the KV cache in its format (contract.h's KV_*).
 """
