@@ -924,7 +924,7 @@ FORGE_DEV void attn_decode_head(const DecArgs& g, int H, float* rc, float* wm, f
 // the plan takes the narrowest that holds its heads. attn_decode_w512 takes every head width.
 // attn_decode_w<W>_g4 (W <= 256) takes the query heads of a KV head 4 at a time, reading each
 // cached K/V row once for them: grid = (Hkv ceil(H / Hkv / 4), R, max splits), one more
-// argument H; its results are attn_decode_w<W>'s to the bit.
+// argument H; its results are attn_decode_w<W>'s to the bit at the same grid z.
 #define ATT_DECODE_PARAMS                                                                       \
     const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,      \
         const float *__restrict__ qnw, const float *__restrict__ knw, const i32 *__restrict__ pos, \

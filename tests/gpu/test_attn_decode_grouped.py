@@ -30,7 +30,9 @@ CASES = [
     (32, 8, 128, [0, 129, 3000], 0, 64, F16, False),  # Llama-3-8B's heads, deep: 64 splits
     (4, 1, 256, [700, 3, 128], 0, 16, F16, False),  # Gemma 3 270M
     (4, 1, 256, [700, 40], 512, 16, Q8, False),  # ... a sliding window, Q8_0 cache
-    (8, 2, 64, [5, 300, 1200], 128, 8, Q4, True),  # gpt-oss-like: sinks, a window
+    (32, 8, 128, [6000], 0, 64, F16, False),  # 47 splits: partials merged across warps
+    (4, 1, 256, [2500], 0, 64, Q8, True),  # few blocks: 64 splits of 40, sinks in the merge
+    (8, 2, 64, [5, 300, 1200], 1024, 8, Q4, True),  # gpt-oss-like: sinks, a window, 8 splits
     (64, 8, 64, [2000], 0, 32, Q8, True),  # gpt-oss-20b's heads: 8 a KV head, two blocks
     (4, 2, 64, [0, 129, 257], 0, 8, F16, False),  # 2 a KV head: half of a block idle
     (6, 2, 128, [200, 17], 0, 16, BF16, False),  # 3 a KV head
@@ -45,7 +47,7 @@ def test_grouped_decode_is_the_per_head_kernel(rt, lib, dev, H, KVH, D, position
     grouped, nq = attn_decode_kernel(D, D, H, KVH)
     assert nq == ATT_DECODE_GROUP and grouped.endswith(f"_g{nq}")
     per_head = grouped.removesuffix(f"_g{nq}")
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(H * 1009 + positions[0])  # (reproducible per case)
     c = Case(rng, H, KVH, D, D, positions, fmt)
     R, scale, eps, base, n_rot = len(positions), D**-0.5, 1e-6, 10000.0, D
     sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if sunk else None

@@ -583,6 +583,35 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     runner.close()
 
 
+def test_one_row_decode_splits_fill_one_wave_of_grouped_blocks(golden_dir):
+    """One-row decode at a long context: the grouped kernel (gemma3: 4 query heads on 1 KV
+    head, one block a split) splits up to a block per compute unit (MAX_SPLITS at most); the
+    per-head kernel keeps the 16 splits measured best for it."""
+    from dataclasses import replace
+
+    from forge_hip.workspace import MAX_SPLITS, ROWS_SPLITS
+
+    rt = FakeRuntime()
+    rt.props = replace(rt.props, compute_units=40)  # fewer than MAX_SPLITS blocks fill it
+    runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
+    runner.allocate_kv(2048, 16)
+    spec, plan = runner.spec, runner.plan
+    cus = rt.props.compute_units
+    for per_head in (False, True):
+        if per_head:  # as when the heads are not shared: one block per query head
+            plan.attentions.decode_group = 1
+            plan.op["attn_decode"] = plan.lib.get(f"attn_decode_w{spec.head_dim}")
+        runner.graphs.clear()
+        rt.launches.clear()
+        runner.forward_argmax([SeqBatch(np.array([5], np.int32), 3, np.array([0], np.int32))])
+        grids = [g for n, g, _ in rt.launches if n.startswith("attn_decode")]
+        assert runner.splits == MAX_SPLITS
+        # (per head, the fill rule would give 40 // 4 = 10)
+        want = (spec.n_head, 1, ROWS_SPLITS) if per_head else (1, 1, cus)
+        assert grids and all(g == want for g in grids), (per_head, grids)
+    runner.close()
+
+
 def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir, monkeypatch):
     """A step of one-token pieces (a decode step) fills the host metadata through step_meta's
     `_prepare_decode`; every word of it, and what it returns, equals `_prepare_rows`' result for
