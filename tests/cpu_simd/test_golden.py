@@ -11,10 +11,10 @@ import forge
 from tests.support.golden_rules import (
     BOUNDS,
     TIE,
+    case_errors,
     check_default_model,
     golden_model_files,
     greedy_mismatches,
-    logit_errors,
     weight_class,
 )
 
@@ -59,15 +59,7 @@ def check_model(golden_dir, model_file: str, entry: dict, report: list[str],
     """Tokens, logits and the teacher-forced greedy continuation of every case of `entry`."""
     model = forge.load(str(golden_dir / "models" / model_file), backend="cpu_simd", n_ctx=256,
                        config={"kernels": kernels})  # fmt: skip
-    worst_max = worst_mean = 0.0
-    for case in entry["cases"]:
-        assert model.tokenize(case["prompt"]) == case["tokens"], case["prompt"]
-        n = len(case["tokens"])
-        logits = model.logits(case["tokens"] + case["greedy"])
-        assert logits.shape == (n + len(case["greedy"]), model.n_vocab)
-        mx, mean = logit_errors(logits[:n], case["logits"])
-        worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
-        assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
+    worst_max, worst_mean = case_errors(model, entry["cases"])
     report.append(f"golden cpu_simd {kernels:7s} {model_file:22s} max {worst_max:.2e}  "
                   f"mean {worst_mean:.2e}")  # fmt: skip
     bound_max, bound_mean = BOUNDS[weight_class(model_file)]

@@ -6,22 +6,15 @@ from __future__ import annotations
 import pytest
 
 import forge
-from tests.support.golden_rules import greedy_mismatches, logit_errors
+from tests.support.golden_rules import case_errors
 from tests.support.kv_golden import Q8_0_KV, REFERENCE, kv_bounds
 
 
 @pytest.mark.parametrize("entry", REFERENCE["models"], ids=lambda m: m["model"])
 def test_q8_0_cache_matches_llama_cpp_with_the_same_cache(entry, golden_dir, report):
     path = str(golden_dir / "models" / entry["model"])
-    worst_max = worst_mean = 0.0
     with forge.load(path, backend="cpu_simd", n_ctx=256, config=Q8_0_KV) as model:
-        for case in entry["cases"]:
-            assert model.tokenize(case["prompt"]) == case["tokens"]
-            n = len(case["tokens"])
-            logits = model.logits(case["tokens"] + case["greedy"])
-            mx, mean = logit_errors(logits[:n], case["logits"])
-            worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
-            assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
+        worst_max, worst_mean = case_errors(model, entry["cases"])
     report.append(f"golden q8_0 KV {entry['model']:20s} max {worst_max:.2e}  mean {worst_mean:.2e}")
     bound_max, bound_mean = kv_bounds(entry["model"])
     assert worst_max <= bound_max and worst_mean <= bound_mean, (worst_max, worst_mean)

@@ -12,8 +12,8 @@ import pytest
 import forge
 from tests.support.golden_rules import (
     BOUNDS,
+    case_errors,
     check_default_model,
-    decode_departures,
     golden_model_files,
     greedy_mismatches,
     logit_errors,
@@ -53,19 +53,8 @@ def check_gpu(golden_dir, model_file: str, entry: dict, kv: str, report: list[st
     monkeypatch.setenv("FORGE_HIP_KV", kv)
     model = _load(str(golden_dir / "models" / model_file))
     try:
-        worst_max = worst_mean = 0.0
-        for case in entry["cases"]:
-            n = len(case["tokens"])
-            logits = model.logits(case["tokens"] + case["greedy"])
-            assert logits.shape == (n + len(case["greedy"]), model.n_vocab)
-            mx, mean = logit_errors(logits[:n], case["logits"])
-            worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
-            assert not greedy_mismatches(logits[n - 1 : -1], case["greedy"]), case["prompt"]
-            # free-running greedy decode (graph-replayed steps, argmax on the device) picks what
-            # the one-pass logits pick, while it follows the reference continuation
-            out = model.complete(case["tokens"], max_tokens=4, temperature=0)
-            bad = decode_departures(out.tokens, logits[n - 1 :], case["greedy"])
-            assert not bad, (case["prompt"], bad)
+        # free-running: graph-replayed steps with the argmax on the device
+        worst_max, worst_mean = case_errors(model, entry["cases"], free_running=True)
     finally:
         model.runner.close()
     report.append(f"golden hip kv {kv} {model_file:22s} max {worst_max:.2e}  mean {worst_mean:.2e}")

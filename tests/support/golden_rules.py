@@ -72,6 +72,29 @@ def decode_departures(picks: list[int], rows: np.ndarray, followed: list[int]) -
     return bad
 
 
+def case_errors(model, cases: list[dict], free_running: bool = False) -> tuple[float, float]:
+    """Every golden case of a model against its reference, asserting the README's per-case
+    rules: the prompt's tokens as the reference's, one pass of logits over prompt and reference
+    continuation, teacher-forced greedy up to near ties, and (`free_running`) greedy decode
+    picking what those logits pick while it follows the continuation. Returns the worst (max,
+    mean) error of the prompt rows over the cases, for the caller's bounds."""
+    worst_max = worst_mean = 0.0
+    for case in cases:
+        assert model.tokenize(case["prompt"]) == case["tokens"], case["prompt"]
+        n = len(case["tokens"])
+        logits = model.logits(case["tokens"] + case["greedy"])
+        assert logits.shape == (n + len(case["greedy"]), model.n_vocab), logits.shape
+        mx, mean = logit_errors(logits[:n], case["logits"])
+        worst_max, worst_mean = max(worst_max, mx), max(worst_mean, mean)
+        bad = greedy_mismatches(logits[n - 1 : -1], case["greedy"])
+        assert not bad, (case["prompt"], bad)
+        if free_running:
+            out = model.complete(case["tokens"], max_tokens=4, temperature=0)
+            bad = decode_departures(out.tokens, logits[n - 1 :], case["greedy"])
+            assert not bad, (case["prompt"], bad)
+    return worst_max, worst_mean
+
+
 def check_default_model(last: np.ndarray, case: dict) -> list[str]:
     """The Gemma 3 270M rules for the last prompt row; returns failures as text."""
     ref_ids = case["last_top_ids"][:10]
