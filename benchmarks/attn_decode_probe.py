@@ -31,7 +31,8 @@ from forge_hip.library import (  # noqa: E402
     KERNELS,
     HipKernel,
     KernelLibrary,
-    attn_decode_kernel,  # noqa: E402
+    attn_decode_blocks,
+    attn_decode_kernel,
 )
 from forge_hip.runtime import open_runtime  # noqa: E402
 
@@ -73,13 +74,17 @@ def probe(rt, lib, dev, directory: str, heads, position: int, splits: int, fmt: 
     name, nq = attn_decode_kernel(D, D, H, KVH)
     if not grouped:
         name, nq = name.removesuffix(f"_g{nq}"), 1
-    blocks = H if nq == 1 else KVH * -(-(H // KVH) // nq)
     nw = dev.put(np.ones(D, np.float32))
     args = [dev.put(c.q), dev.put(c.k), dev.put(c.v), nw, nw, dev.put(c.pos), dev.put(c.slots),
             dev.put(c.bt), dev.put(c.btoff), b["kc"], b["vc"], b["part_o"], b["part_ml"],
             b["cnt"], b["out"], KVH, D, D, D, 1, 10000.0, 1.0, 0, 1.0, 1e-6, BS, D**-0.5, 0,
             KV_FORMAT_IDS[fmt], 0, *([H] if nq > 1 else [])]  # fmt: skip
-    launch = (kernel(lib, name, directory), (blocks, 1, splits), (ATT_THREADS,), args)
+    launch = (
+        kernel(lib, name, directory),
+        (attn_decode_blocks(H, KVH, nq), 1, splits),
+        (ATT_THREADS,),
+        args,
+    )
     us = chain_us(rt, rt.stream(), launch, n)
     kv_bytes = 2 * position * KVH * row_bytes(fmt, D)
     return {"kernel": name, "format": fmt.value, "positions": position, "splits": splits,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from forge_hip.kv import KV_FORMAT_IDS
-from forge_hip.library import ATT_DECODE_GROUP, ATT_THREADS, attn_decode_kernel
+from forge_hip.library import ATT_DECODE_GROUP, ATT_THREADS, attn_decode_blocks, attn_decode_kernel
 
 from tests.gpu.test_attention import (
     BF16,
@@ -58,7 +58,7 @@ def test_grouped_decode_is_the_per_head_kernel(rt, lib, dev, H, KVH, D, position
     tail = [KVH, D, D, n_rot, 1, base, 1.0, 0, 1.0, eps, BS, scale, window, KV_FORMAT_IDS[fmt],
             dev.put(sinks) if sunk else 0]  # fmt: skip
     outs, caches = [], []
-    blocks = KVH * -(-(H // KVH) // nq)
+    blocks = attn_decode_blocks(H, KVH, nq)
     for kernel, grid_x, extra in ((per_head, H, []), (grouped, blocks, [H])):
         b = c.buffers(dev, splits)
         args = [*common, b["kc"], b["vc"], b["part_o"], b["part_ml"], b["cnt"], b["out"],

@@ -18,7 +18,7 @@ from forge.kv_cache import KvFormat
 from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import ModelSpec
 from forge_hip.contract import constants
-from forge_hip.library import KernelLibrary, attn_decode_kernel
+from forge_hip.library import KernelLibrary, attn_decode_blocks, attn_decode_kernel
 from forge_hip.products import Fused, Products
 from forge_hip.tuning import qk_rope_blocks
 from forge_hip.workspace import Workspace
@@ -76,8 +76,7 @@ class Attentions:
     def decode_blocks(self) -> int:
         """attn_decode blocks per row and split: one per query head, or per group of
         `decode_group` query heads of one KV head."""
-        s, nq = self.spec, self.decode_group
-        return s.n_head if nq == 1 else s.n_head_kv * -(-(s.n_head // s.n_head_kv) // nq)
+        return attn_decode_blocks(self.spec.n_head, self.spec.n_head_kv, self.decode_group)
 
     def _upload_tables(self) -> dict[int, int]:
         """Layer -> device address of its frequency table (layers with one)."""

@@ -130,6 +130,12 @@ def attn_decode_kernel(d: int, dv: int, n_head: int, n_head_kv: int) -> tuple[st
     return f"attn_decode_w{width}", 1
 
 
+def attn_decode_blocks(n_head: int, n_head_kv: int, group: int) -> int:
+    """attn_decode blocks per row and split for blocks of `group` query heads of one KV head
+    (1: one block per query head): ceil(heads a KV head serves / group) per KV head."""
+    return n_head_kv * -(-(n_head // n_head_kv) // group)
+
+
 ATT_THREADS = constants()["ATT_THREADS"]  # attn_rows / attn_decode blocks
 ATT_MAX_D = constants()["LAYER_MAX_D"]  # largest head dimension of the attention kernels
 SAMPLE_THREADS = constants()["SMP_THREADS"]  # sample_rows' block size
