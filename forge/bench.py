@@ -37,6 +37,13 @@ def _prefill(model, table, ids: np.ndarray, start: int, output: str = "none"):
     return outs[-1] if outs else None  # no ids (depth 0): nothing fed
 
 
+def _fill(model, table, ids: np.ndarray) -> None:
+    """The cached tokens before a measurement, finished before the clock starts (as llama-bench
+    synchronizes after its depth): the last chunk returns a row, which a runner that queues its
+    passes on a device can only give once they have all run."""
+    _prefill(model, table, ids, 0, "last")
+
+
 def bench_prefill(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult:
     """Time the prefill of `n_tokens` prompt tokens after `depth` cached ones (only the last
     row's logits), in the engine's prefill chunks."""
@@ -44,7 +51,7 @@ def bench_prefill(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResul
     times = []
     for _ in range(reps + 1):  # the first run warms caches and thread pools
         table = model.kv.table()
-        _prefill(model, table, past, 0)
+        _fill(model, table, past)
         t = time.perf_counter()
         _prefill(model, table, ids, depth, "last")
         times.append(time.perf_counter() - t)
@@ -60,7 +67,7 @@ def bench_decode(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult
     times = []
     for _ in range(reps + 1):
         table = model.kv.table()
-        _prefill(model, table, ids, 0)
+        _fill(model, table, ids)
         token, pos = int(ids[-1]), context
         t = time.perf_counter()
         for _ in range(n_tokens):
