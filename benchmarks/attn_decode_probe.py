@@ -25,10 +25,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
+from forge_hip.contract import kernel_signatures  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS, row_bytes  # noqa: E402
 from forge_hip.library import (  # noqa: E402
     ATT_THREADS,
-    KERNELS,
     HipKernel,
     KernelLibrary,
     attn_decode_blocks,
@@ -60,8 +60,8 @@ def chain_us(rt, stream, launch, n: int, reps: int = 10) -> float:
 
 
 def kernel(lib, name: str, directory: str):
-    """Kernel `name` compiled from `directory`'s sources."""
-    source, sig = KERNELS[name]
+    """Kernel `name` compiled from `directory`'s sources, with the signature declared there."""
+    source, sig = kernel_signatures(str(Path(directory).resolve()))[name]
     return replace(lib.resolve(HipKernel(source, name, sig, str(Path(directory).resolve()))),
                    overlaps=True)  # fmt: skip
 

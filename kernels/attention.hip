@@ -675,16 +675,6 @@ FORGE_DEV void attend(const AttArgs& a, const float* qs, float* wm, float* wl, f
     att_warp_out<LPP, VPL>(m, l, acc, a.Dv, wm, wl, wacc);
 }
 
-// A load of data another block wrote before a __threadfence and an atomic this block saw (past
-// any incoherent cache level).
-FORGE_DEV float ld_coherent(const float* p) {
-#if defined(FORGE_NV)
-    return __ldcg(p);
-#else
-    return *(const volatile float*)p;
-#endif
-}
-
 // Merge the block's entries (its warps, plus the row's own position when given as one more),
 // then write the output (one split) or the block's partial; the last block of the (row, head) to
 // finish merges the partials. rh = r * H + h.

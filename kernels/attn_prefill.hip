@@ -14,8 +14,19 @@
 // heads sharing a K/V tile read it once. The rows' tokens may belong to several sequences (a
 // mixed batch): the block walks its runs of equal btoff (segments) one after the other, each
 // over its own key range, the rows of the other segments masked. blockIdx.z picks AP_DVC(DP)
-// columns of the output (Dv wider than that takes several blocks, each recomputing the scores).
-// Blocks with the most keys (the last rows) start first.
+// columns of the output (Dv wider than that takes several blocks, each recomputing the scores)
+// and one of `splits` parts of the key range: blockIdx.z = split * ceil(Dv / AP_DVC(DP)) + column
+// block. Blocks with the most keys (the last rows) start first.
+//
+// Splits (flash-decoding for prompts at depth: a 256-row piece of Llama-3-8B heads is 128 blocks
+// of 64 pairs, fewer than an H200's SMs, each walking every cached key): a block's longest
+// segment key range is cut into parts of `chunk` keys (a multiple of AP_SPLIT_ALIGN, at least
+// AP_SPLIT_MIN), part `split` of every segment going to the block of that split; splits past
+// the parts a block needs return at once. One part: the block writes its output as without
+// splits (the same bits). Several: each writes its rows' unnormalised partial (o, m, l) into
+// part_o [R * H * splits, Dv] / part_ml [R * H * splits, 2] (pair (token, head) * splits +
+// split), counts itself in cnt[tile] (zero; left zero), and the last block of the tile (every
+// split and column block of its 64 pairs and KV head) merges the partials into out.
 //
 // kv_mode: the cache's format (KV_*), plus AP_TENSOR_CORES for a float16, Q8_0 or Q4_0 cache whose
 // products may round their operands. Without the flag, the SIMT path in float32 (everywhere; what
@@ -33,7 +44,7 @@
 // Kernels attn_prefill_64 / _128 / _256 (float caches) and attn_prefill_q64 / _q128 / _q256 (Q8_0
 // and Q4_0 caches): D padded to DP = 64 / 128 / 256 (zeros past D). Tensor cores
 // need D and Dv multiples of 8 (16-byte rows). grid = (ceil(R * G / AP_ROWS), Hkv,
-// ceil(Dv / AP_DVC(DP))), block = AP_THREADS.
+// ceil(Dv / AP_DVC(DP)) * splits), block = AP_THREADS.
 #include "kv_format.h"
 
 #define AP_ROWS 64
@@ -43,6 +54,8 @@
 #define AP_NEG (-3.0e38f)   // score of a masked position
 #define AP_LIVE (-1.0e38f)  // scores above this are not masked
 #define AP_LOG2E 1.4426950408889634f
+#define AP_SPLIT_ALIGN 64  // split boundaries: whole tiles of either path
+#define AP_SPLIT_MIN 512   // keys of a split at least (fewer do not repay the partials' round trip)
 
 // Shared memory of one block: the larger of the two paths' tiles (16-bit words).
 template <int DP> struct ApSmem {
@@ -61,7 +74,12 @@ struct ApArgs {
     int R, H, Hkv, D, Dv, bs, window;
     float sl;  // scale * log2(e)
     int G, kvh, i0, col0, t_first, n_tok;
+    int split, splits, n_used, chunk;  // this block's split, the grid's, those used, keys a split
+    int ncol;                          // column blocks of Dv
     const float* sinks;
+    float* part_o;
+    float* part_ml;
+    u32* cnt;
     const i32* s_pos;  // shared: pos and btoff of the block's tokens t_first ..
     const i32* s_off;
     i32* s_slot;  // shared: cache slots of two K/V tiles (tensor-core path)
@@ -133,6 +151,22 @@ FORGE_DEV void ap_range(const ApArgs& a, int tok, int sa, int sb, int& lo, int& 
     }
 }
 
+// This block's keys [kb, ke) of a segment (empty: kb >= ke), and a row's range clipped to them.
+FORGE_DEV void ap_keys(const ApArgs& a, const ApSeg& seg, int& kb, int& ke) {
+    kb = seg.kbeg + a.split * a.chunk;
+    ke = seg.kend < kb + a.chunk ? seg.kend : kb + a.chunk;
+}
+
+FORGE_DEV void ap_clip(int kb, int ke, int& lo, int& hi) {
+    lo = lo > kb ? lo : kb;
+    hi = hi < ke - 1 ? hi : ke - 1;
+}
+
+// Where row r's partial of this split goes in part_o / part_ml (pair index).
+FORGE_DEV i64 ap_part(const ApArgs& a, const ApRow& r) {
+    return ((i64)(a.t_first + r.tok) * a.H + r.h) * a.splits + a.split;
+}
+
 // ---- portable SIMT path (float32) ------------------------------------------------------------
 
 // Positions k0 .. k0 + AP_SIMT_BK - 1 of one head into dst [AP_SIMT_BK][W] (zeros past kend or
@@ -170,13 +204,14 @@ template <int DP, int FMT> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) 
         for (int sa = 0; sa < a.n_tok;) {
             const ApSeg seg = ap_segment(a, sa);
             const i32* table = a.bt + a.s_off[sa];
-            int lo, hi;
+            int lo, hi, kb, ke;
             ap_range(a, r.tok, sa, seg.last, lo, hi);
-            for (int k0 = seg.kbeg; k0 < seg.kend; k0 += AP_SIMT_BK) {
+            ap_keys(a, seg, kb, ke);
+            ap_clip(kb, ke, lo, hi);
+            for (int k0 = kb; k0 < ke; k0 += AP_SIMT_BK) {
                 __syncthreads();  // the previous tile is consumed
-                ap_simt_tile<DP, FMT>(Ks, a.kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0, seg.kend);
-                ap_simt_tile<DVC, FMT>(Vs, a.vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0,
-                                       seg.kend);
+                ap_simt_tile<DP, FMT>(Ks, a.kc, table, a.bs, a.Hkv, a.kvh, a.D, 0, k0, ke);
+                ap_simt_tile<DVC, FMT>(Vs, a.vc, table, a.bs, a.Hkv, a.kvh, a.Dv, a.col0, k0, ke);
                 __syncthreads();
                 float s[AP_SIMT_BK], mx = m;
 #pragma unroll
@@ -206,11 +241,18 @@ template <int DP, int FMT> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) 
             sa = seg.last + 1;
         }
         if (r.o) {
-            const float inv = ap_norm(a, r.h, m, l);
+            const bool whole = a.n_used == 1;
+            const float inv = whole ? ap_norm(a, r.h, m, l) : 1.0f;
+            const i64 p = whole ? 0 : ap_part(a, r);
+            float* dst = whole ? r.o : a.part_o + p * a.Dv;
 #pragma unroll
             for (int i = 0; i < NO; ++i) {
                 const int d = a.col0 + sub + 4 * i;
-                if (sub + 4 * i < DVC && d < a.Dv) r.o[d] = acc[i] * inv;
+                if (sub + 4 * i < DVC && d < a.Dv) dst[d] = whole ? acc[i] * inv : acc[i];
+            }
+            if (!whole && sub == 0 && a.col0 == 0) {
+                a.part_ml[2 * p] = m;
+                a.part_ml[2 * p + 1] = l;
             }
         }
     }
@@ -333,26 +375,33 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     for (int sa = 0; sa < a.n_tok;) {
         const ApSeg seg = ap_segment(a, sa);
         const i32* table = a.bt + a.s_off[sa];
-        int lo[2], hi[2];
+        int lo[2], hi[2], kb, ke;
+        ap_keys(a, seg, kb, ke);
+        if (kb >= ke) {  // (the same for the whole block)
+            sa = seg.last + 1;
+            continue;
+        }
         ap_range(a, ra.tok, sa, seg.last, lo[0], hi[0]);
         ap_range(a, rb.tok, sa, seg.last, lo[1], hi[1]);
+        ap_clip(kb, ke, lo[0], hi[0]);
+        ap_clip(kb, ke, lo[1], hi[1]);
         // slots of tile j in a.s_slot[(j & 1) * BK ..]: those of tile j + 1 are looked up
         // during tile j's scores and stored before the barrier that follows them
         __syncthreads();  // the previous segment's last tile is consumed
         if (threadIdx.x < BK) {
-            a.s_slot[threadIdx.x] = ap_slot(table, a.bs, seg.kbeg + threadIdx.x, seg.kend);
+            a.s_slot[threadIdx.x] = ap_slot(table, a.bs, kb + threadIdx.x, ke);
         }
         __syncthreads();
         ap_mma_tile<DP, BK, FMT>(Ks, LDK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
         ap_commit();
         ap_mma_tile<DVC, BK, FMT>(Vs, LDV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
         ap_commit();
-        for (int k0 = seg.kbeg, j = 0; k0 < seg.kend; k0 += BK, ++j) {
-            const bool more = k0 + BK < seg.kend;
+        for (int k0 = kb, j = 0; k0 < ke; k0 += BK, ++j) {
+            const bool more = k0 + BK < ke;
             i32* nxt = a.s_slot + ((j + 1) & 1) * BK;
             int nslot = -1;
             if (more && threadIdx.x < BK) {
-                nslot = ap_slot(table, a.bs, k0 + BK + threadIdx.x, seg.kend);
+                nslot = ap_slot(table, a.bs, k0 + BK + threadIdx.x, ke);
             }
             // this warp has a live score in the tile
             const bool live = __any_sync(0xffffffffu, (hi[0] >= k0 && lo[0] < k0 + BK) ||
@@ -456,60 +505,71 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     }
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
-        float* orow = x ? rb.o : ra.o;
-        if (!orow) continue;
-        const float inv = ap_norm(a, x ? rb.h : ra.h, m[x], l[x]);
+        const ApRow& r = x ? rb : ra;
+        if (!r.o) continue;
+        const bool whole = a.n_used == 1;  // else this split's unnormalised partial
+        const float inv = whole ? ap_norm(a, r.h, m[x], l[x]) : 1.0f;
+        const i64 p = whole ? 0 : ap_part(a, r);
+        float* dst = whole ? r.o : a.part_o + p * a.Dv;
 #pragma unroll
         for (int n = 0; n < DVC / 8; ++n) {
             const int d = a.col0 + 8 * n + 2 * (lane & 3);
-            if (d < a.Dv) *(float2*)(orow + d) = make_float2(o[n][2 * x] * inv, o[n][2 * x + 1] * inv);
+            if (d < a.Dv) *(float2*)(dst + d) = make_float2(o[n][2 * x] * inv, o[n][2 * x + 1] * inv);
+        }
+        if (!whole && (lane & 3) == 0 && a.col0 == 0) {
+            a.part_ml[2 * p] = m[x];
+            a.part_ml[2 * p + 1] = l[x];
         }
     }
 }
 #endif
 
+// ---- splits: the last block of a tile merges its partials ---------------------------------------
+
+// After this block's partials: count it; the last of the tile's n_used * ncol blocks merges every
+// split of its rows into out, all Dv columns (`scratch`: the tile's shared memory, free now).
+FORGE_DEV void ap_merge(const ApArgs& a, float* scratch) {
+    __shared__ int last;
+    __threadfence();  // the partials are visible device-wide before the counter says so
+    __syncthreads();
+    u32* cnt = a.cnt + blockIdx.x + (i64)gridDim.x * a.kvh;
+    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (u32)(a.n_used * a.ncol - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    constexpr int W = AP_MAX_SPLITS + 1;  // per row: the splits' weights, then 1 / the sum
+    for (int row = threadIdx.x; row < AP_ROWS; row += AP_THREADS) {
+        ApRow r = ap_row(a, row);
+        if (!r.o) continue;
+        const i64 p0 = ap_part(a, r) - a.split;
+        float mx = AP_NEG, sum = 0.0f;
+        for (int s = 0; s < a.n_used; ++s) mx = fmaxf(mx, ld_coherent(a.part_ml + 2 * (p0 + s)));
+        for (int s = 0; s < a.n_used; ++s) {
+            const float w = exp2f(ld_coherent(a.part_ml + 2 * (p0 + s)) - mx);
+            scratch[row * W + s] = w;
+            sum += ld_coherent(a.part_ml + 2 * (p0 + s) + 1) * w;
+        }
+        scratch[row * W + AP_MAX_SPLITS] = ap_norm(a, r.h, mx, sum);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < AP_ROWS * a.Dv; e += AP_THREADS) {
+        const int row = e / a.Dv, d = e % a.Dv;
+        const ApRow r = ap_row(a, row);
+        if (!r.o) continue;
+        const float* po = a.part_o + (ap_part(a, r) - a.split) * a.Dv + d;
+        float o = 0.0f;
+        for (int s = 0; s < a.n_used; ++s) {
+            o += ld_coherent(po + (i64)s * a.Dv) * scratch[row * W + s];
+        }
+        r.o[d] = o * scratch[row * W + AP_MAX_SPLITS];
+    }
+    if (threadIdx.x == 0) *cnt = 0u;  // every block of the tile has counted
+}
+
 // ---- the kernels -------------------------------------------------------------------------------
 
-// QUANT: the kernels for Q8_0 and Q4_0 caches (attn_prefill_q<DP>); the others take float caches
-// (kernels of their own, so that neither set's registers are allocated for the other's loops).
-template <int DP, bool QUANT>
-FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
-                       const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
-                       int Dv, int block_size, float scale, int window, int kv_mode,
-                       const float* sinks, u16* smem,
-                       i32* s_pos, i32* s_off, i32* s_slot) {
-    ApArgs a;
-    a.q = q;
-    a.kc = kc;
-    a.vc = vc;
-    a.bt = bt;
-    a.out = out;
-    a.R = R;
-    a.H = H;
-    a.Hkv = Hkv;
-    a.D = D;
-    a.Dv = Dv;
-    a.bs = block_size;
-    a.window = window;
-    a.sinks = sinks;
-    a.sl = scale * AP_LOG2E;
-    a.G = H / Hkv;
-    a.kvh = blockIdx.y;
-    a.i0 = (gridDim.x - 1 - blockIdx.x) * AP_ROWS;  // the last rows (most keys) first
-    a.col0 = blockIdx.z * AP_DVC(DP);
-    const int n_pairs = R * a.G;
-    if (a.i0 >= n_pairs) return;
-    const int last = (a.i0 + AP_ROWS < n_pairs ? a.i0 + AP_ROWS : n_pairs) - 1;
-    a.t_first = a.i0 / a.G;
-    a.n_tok = last / a.G - a.t_first + 1;
-    for (int t = threadIdx.x; t < a.n_tok; t += AP_THREADS) {
-        s_pos[t] = pos[a.t_first + t];
-        s_off[t] = btoff[a.t_first + t];
-    }
-    a.s_pos = s_pos;
-    a.s_off = s_off;
-    a.s_slot = s_slot;
-    __syncthreads();
+// The block's attention on the path its cache format and mode take.
+template <int DP, bool QUANT> FORGE_DEV void ap_run(const ApArgs& a, int kv_mode, u16* smem) {
     const int fmt = kv_mode & ~AP_TENSOR_CORES;
 #if defined(FORGE_NV)
     if ((kv_mode & AP_TENSOR_CORES) && (QUANT || fmt == KV_F16)) {  // (others: SIMT)
@@ -531,70 +591,144 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     }
 }
 
+// QUANT: the kernels for Q8_0 and Q4_0 caches (attn_prefill_q<DP>); the others take float caches
+// (kernels of their own, so that neither set's registers are allocated for the other's loops).
+template <int DP, bool QUANT>
+FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32* bt,
+                       const i32* btoff, const i32* pos, float* out, int R, int H, int Hkv, int D,
+                       int Dv, int block_size, float scale, int window, int kv_mode,
+                       const float* sinks, float* part_o, float* part_ml, u32* cnt, int splits,
+                       u16* smem, i32* s_pos, i32* s_off, i32* s_slot) {
+    static_assert(ApSmem<DP>::WORDS * 2 >= AP_ROWS * (AP_MAX_SPLITS + 1) * 4, "merge scratch");
+    ApArgs a;
+    a.q = q;
+    a.kc = kc;
+    a.vc = vc;
+    a.bt = bt;
+    a.out = out;
+    a.R = R;
+    a.H = H;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.Dv = Dv;
+    a.bs = block_size;
+    a.window = window;
+    a.sinks = sinks;
+    a.sl = scale * AP_LOG2E;
+    a.G = H / Hkv;
+    a.kvh = blockIdx.y;
+    a.i0 = (gridDim.x - 1 - blockIdx.x) * AP_ROWS;  // the last rows (most keys) first
+    a.ncol = (Dv + AP_DVC(DP) - 1) / AP_DVC(DP);
+    a.col0 = blockIdx.z % a.ncol * AP_DVC(DP);
+    a.split = blockIdx.z / a.ncol;
+    a.splits = splits;
+    a.part_o = part_o;
+    a.part_ml = part_ml;
+    a.cnt = cnt;
+    const int n_pairs = R * a.G;
+    if (a.i0 >= n_pairs) return;
+    const int last = (a.i0 + AP_ROWS < n_pairs ? a.i0 + AP_ROWS : n_pairs) - 1;
+    a.t_first = a.i0 / a.G;
+    a.n_tok = last / a.G - a.t_first + 1;
+    for (int t = threadIdx.x; t < a.n_tok; t += AP_THREADS) {
+        s_pos[t] = pos[a.t_first + t];
+        s_off[t] = btoff[a.t_first + t];
+    }
+    a.s_pos = s_pos;
+    a.s_off = s_off;
+    a.s_slot = s_slot;
+    __syncthreads();
+    int longest = 0;  // the block's longest segment key range, cut into the splits' chunks
+    for (int sa = 0; sa < a.n_tok;) {
+        const ApSeg seg = ap_segment(a, sa);
+        longest = seg.kend - seg.kbeg > longest ? seg.kend - seg.kbeg : longest;
+        sa = seg.last + 1;
+    }
+    const int each = (longest + splits - 1) / splits;
+    a.chunk = (each + AP_SPLIT_ALIGN - 1) / AP_SPLIT_ALIGN * AP_SPLIT_ALIGN;
+    a.chunk = a.chunk > AP_SPLIT_MIN ? a.chunk : AP_SPLIT_MIN;
+    a.n_used = (longest + a.chunk - 1) / a.chunk;
+    if (a.split >= a.n_used) return;
+    ap_run<DP, QUANT>(a, kv_mode, smem);
+    if (a.n_used > 1) ap_merge(a, (float*)smem);
+}
+
 // Written out (not by a macro) so that each kernel's name appears in the text: attn_prefill_<DP>
 // for float32, float16 and bfloat16 caches, attn_prefill_q<DP> for Q8_0 and Q4_0 ones.
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                       kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                       kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                       s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
-                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                        window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                        s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
-                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                        window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                        s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
-                       kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                       kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                       s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
-                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                        window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                        s_slot);
 }
 
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
-    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks) {
+    int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
+    float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
     __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
-                        window, kv_mode, sinks, smem, s_pos, s_off, s_slot);
+                        window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
+                        s_slot);
 }

@@ -48,6 +48,7 @@
 #define GB_N 128           // gemm.hip: weight rows (outputs) per block
 #define ATT_THREADS 256    // attention.hip attn_rows / attn_decode
 #define AP_THREADS 128     // attn_prefill.hip
+#define AP_MAX_SPLITS 16   // attn_prefill.hip: most splits of the key range
 #define SMP_THREADS 1024   // sampling.hip sample_rows
 
 // ---- shared memory and size limits ----

@@ -144,6 +144,16 @@ FORGE_DEV float warp_max(float v) {
     return v;
 }
 
+// A load of data another block wrote before a __threadfence and an atomic this block saw (past
+// any incoherent cache level).
+FORGE_DEV float ld_coherent(const float* p) {
+#if defined(FORGE_NV)
+    return __ldcg(p);
+#else
+    return *(const volatile float*)p;
+#endif
+}
+
 // Sum over the whole block; `scratch` holds one float per warp. Every thread gets the result.
 FORGE_DEV float block_sum(float v, float* scratch) {
     int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;

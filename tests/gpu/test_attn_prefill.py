@@ -94,9 +94,39 @@ def test_prefill_attention(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs):
     _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, False)
 
 
-def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
-    """mode: the cache's format, "+tc" for tensor cores (NVIDIA; elsewhere the SIMT path)."""
-    rng = np.random.default_rng()
+SPLIT_CASES = [  # key ranges past AP_SPLIT_MIN (512), so that several splits take part
+    (8, 2, 128, 128, 16, 0, "f16+tc", [(3000, 70)]),  # Llama-like at depth: 4 splits of 768
+    (8, 2, 128, 128, 16, 0, "f16+tc", [(0, 40), (1500, 30), (700, 20)]),  # segments of 3 lengths
+    (4, 1, 256, 256, 16, 1024, "f16+tc", [(2000, 100)]),  # windowed; 2 column blocks share a tile
+    (8, 2, 64, 64, 16, 0, "f16+tc", [(1500, 60), (0, 9)]),  # gpt-oss-like
+    (8, 2, 128, 128, 16, 0, "q8_0+tc", [(2500, 40)]),
+    (8, 2, 128, 128, 16, 0, "f32", [(1200, 33)]),  # the SIMT path
+    (6, 2, 96, 64, 16, 0, "q4_0", [(900, 50), (17, 20)]),
+]
+
+
+@pytest.mark.parametrize("splits", [2, 4, 16])
+@pytest.mark.parametrize("H,KVH,D,Dv,bs,window,mode,seqs", SPLIT_CASES)
+def test_prefill_attention_splits(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, splits):
+    """Long key ranges cut over several blocks and merged by the last: the float64 reference's
+    bounds, sinks included (gpt-oss-like case), the counters left zero."""
+    _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, H == 8 and D == 64, splits)
+
+
+@pytest.mark.parametrize("mode", ["f16+tc", "f32"])
+def test_prefill_attention_one_part_keeps_bits(rt, lib, dev, mode):
+    """Key ranges within one split's minimum: a grid of 16 splits writes what one split writes,
+    bit for bit (the other splits' blocks return at once)."""
+    args = (8, 2, 128, 128, 16, 0, mode, [(300, 150), (0, 90)])
+    one = _check(rt, lib, dev, *args, False, 1, seed=5)
+    many = _check(rt, lib, dev, *args, False, 16, seed=5)
+    assert np.array_equal(one, many)
+
+
+def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk, splits=1, seed=None):
+    """mode: the cache's format, "+tc" for tensor cores (NVIDIA; elsewhere the SIMT path).
+    Returns the outputs."""
+    rng = np.random.default_rng(seed)
     need = [(start + n - 1) // bs + 1 for start, n in seqs]
     n_blocks = sum(need) + 3
     perm = rng.permutation(n_blocks).astype(np.int32)  # scattered, disjoint blocks
@@ -125,24 +155,29 @@ def _check(rt, lib, dev, H, KVH, D, Dv, bs, window, mode, seqs, sunk):
     extra = 3  # rows past the batch: must keep their poison
     out = dev.poisoned((R + extra) * H * Dv * 4)
     dp = padded_d(D)
-    grid = (-(-R * (H // KVH) // AP_ROWS), KVH, -(-Dv // min(dp, 128)))
+    grid = (-(-R * (H // KVH) // AP_ROWS), KVH, -(-Dv // min(dp, 128)) * splits)
     kv_mode = KV_FORMAT_IDS[fmt] | (constants()["AP_TENSOR_CORES"] if tc else 0)
+    n_cnt = grid[0] * KVH
+    cnt = dev.put(np.zeros(n_cnt, np.uint32))
     rt.launch(
         lib.get(f"attn_prefill_{'q' if fmt.block > 1 else ''}{dp}"),
         grid,
         (AP_THREADS,),
         [dev.put(q), dev.put(kraw), dev.put(vraw), dev.put(bt),
          dev.put(btoff), dev.put(pos), out, R, H, KVH, D, Dv, bs, scale, window, kv_mode,
-         dev.put(sinks) if sunk else 0],
+         dev.put(sinks) if sunk else 0, dev.poisoned(R * H * splits * Dv * 4),
+         dev.poisoned(R * H * splits * 8), cnt, splits],
     )  # fmt: skip
     got = dev.get(out, (R + extra, H, Dv))
     assert np.isnan(got[R:]).all()
+    assert not dev.get(cnt, (n_cnt,), np.uint32).any()  # every tile's counter back to zero
     ref = reference(q, kc, vc, seqs, tables, bs, scale, window, sinks)
     err = rel_err(got[:R], ref)
     # tensor cores: Q and the probabilities may be rounded to float16
     assert err < (2e-3 if tc else 1e-5), err
     rows = np.linalg.norm(got[:R] - ref, axis=2) / np.linalg.norm(ref, axis=2)
     assert rows.max() < (1e-2 if tc else 1e-4), rows.max()
+    return got[:R]
 
 
 def test_prefill_attention_plan_routing():
@@ -155,6 +190,8 @@ def test_prefill_attention_plan_routing():
     launches = []
 
     class Lib:
+        runtime = SimpleNamespace(props=SimpleNamespace(compute_units=132))
+
         def get(self, name):
             return name
 
@@ -167,8 +204,9 @@ def test_prefill_attention_plan_routing():
             round_prefill=True,
             mats=[(SimpleNamespace(type=wtype), None)] * 3,
             launch=lambda k, grid, block, args: launches.append((k, grid, block, args)),
+            tune=SimpleNamespace(ap_fill=2),
         )
-        p.ws = SimpleNamespace(q=1, attn=2)
+        p.ws = SimpleNamespace(q=1, attn=2, part_o=6, part_ml=7, att_cnt=8)
         fmt = KvFormat.F16 if f16 else KvFormat.F32
         kv = SimpleNamespace(format=fmt, format_id=KV_FORMAT_IDS[fmt], block_size=16,
                              layer=lambda i: (10, 11))  # fmt: skip
@@ -179,21 +217,39 @@ def test_prefill_attention_plan_routing():
     p, kv, meta = plan_for(128, 128, True)
     assert p.prefill(0, a, 100, meta, kv)
     k, grid, block, args = launches[-1]
-    assert k == "attn_prefill_128" and grid == (7, 2, 1) and block == (AP_THREADS,)
+    # 7 x 2 blocks: 16 splits (264 blocks would fill 2 per CU of 132)
+    assert k == "attn_prefill_128" and grid == (7, 2, 16) and block == (AP_THREADS,)
     assert args[:7] == [1, 10, 11, 3, 4, 5, 2] and args[7:] == [100, 8, 2, 128, 128, 16, 0.1,
-                                                                0, 9, 77]  # fmt: skip
+                                                                0, 9, 77, 6, 7, 8, 16]  # fmt: skip
     p, kv, meta = plan_for(256, 256, True)
     assert p.prefill(0, a, 9, meta, kv) and launches[-1][0] == "attn_prefill_256"
-    assert launches[-1][1] == (1, 2, 2)
+    assert launches[-1][1] == (1, 2, 2 * 16)  # 2 column blocks per split
     n = len(launches)
     assert not plan_for(512, 512, True)[0].prefill(0, a, 9, meta, kv)
     assert not plan_for(100, 100, True)[0].prefill(0, a, 9, meta, kv)  # 100 % 8
     assert len(launches) == n
+
     p, kv, meta = plan_for(100, 100, False)  # float32 cache: any D up to 256
     assert p.prefill(0, a, 9, meta, kv) and launches[-1][0] == "attn_prefill_128"
-    assert launches[-1][3][-2] == 0
+    assert launches[-1][3][15] == 0  # kv_mode
     p, kv, meta = plan_for(128, 128, True)
     p.products.round_prefill = False  # float32 math over the float16 cache
-    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 1
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][15] == 1
     p, kv, meta = plan_for(128, 128, True, "F32")  # F32 Q/K/V weights: float32 math as well
-    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][-2] == 1
+    assert p.prefill(0, a, 9, meta, kv) and launches[-1][3][15] == 1
+
+
+def test_prefill_splits_fill_one_wave_within_the_partials():
+    """prefill_splits: as many splits as keep the blocks within ap_fill per compute unit, at
+    most AP_MAX_SPLITS, and rows x splits within the partials' pairs."""
+    from forge_hip.attention_part import AP_MAX_SPLITS, prefill_blocks, prefill_splits
+    from forge_hip.workspace import PART_ROWS
+
+    blocks = prefill_blocks(256, 32, 8, 128, 128)  # a 256-token piece of Llama-3-8B heads
+    assert blocks == (16, 8, 1)
+    assert prefill_splits(256, 128, 132, 2) == 2  # 256 blocks: 2 per SM of an H200
+    assert prefill_splits(256, 128, 132, 4) == 4
+    assert prefill_splits(512, 256, 132, 1) == 1
+    assert prefill_splits(100, 2, 132, 4) == AP_MAX_SPLITS
+    assert prefill_splits(512, 2, 132, 4) == PART_ROWS // 512
+    assert prefill_blocks(9, 4, 1, 256, 256) == (1, 1, 2)

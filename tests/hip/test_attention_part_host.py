@@ -30,6 +30,7 @@ class UploadingRuntime(FakeRuntime):
 
 
 DECODE_SINKS = 29  # attn_decode's sinks argument (the grouped kernels take H after it)
+PREFILL_SINKS = 16  # attn_prefill's (its split partials, counters and splits after it)
 
 
 def _runner(golden_dir, name, rt):
@@ -85,8 +86,10 @@ def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows)
     else:
         runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32) % 400, 0,
                                  np.arange(-(-rows // 16)), "last")])  # fmt: skip
-        attn = _args(rt, "attn_rows" if rows <= 128 else "attn_prefill")
-        assert [a[-1] for a in attn] == [address(f"blk.{i}.attn_sinks.weight")
+        kernel = "attn_rows" if rows <= 128 else "attn_prefill"
+        at = -1 if kernel == "attn_rows" else PREFILL_SINKS
+        attn = _args(rt, kernel)
+        assert [a[at] for a in attn] == [address(f"blk.{i}.attn_sinks.weight")
                                          for i in range(runner.spec.n_layer)]  # fmt: skip
         rope = _args(rt, "qk_rope_store")
         assert [a[17] for a in rope] == [a.rope_freqs for a in plan.attention]
@@ -105,7 +108,11 @@ def test_models_without_sinks_or_scaled_rope_hand_over_nothing_new(golden_dir):
     for a in runner.plan.attention:
         assert (a.sinks, a.rope_freqs, a.mscale) == (0, 0, 1.0)
     n = runner.spec.n_layer
-    for kernel, sinks in (("attn_rows", -1), ("attn_prefill", -1), ("attn_decode", DECODE_SINKS)):
+    for kernel, sinks in (
+        ("attn_rows", -1),
+        ("attn_prefill", PREFILL_SINKS),
+        ("attn_decode", DECODE_SINKS),
+    ):
         launched = _args(rt, kernel)
         assert len(launched) >= n and all(a[sinks] == 0 for a in launched), kernel
     rope = _args(rt, "qk_rope_store")

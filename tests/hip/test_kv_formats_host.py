@@ -123,4 +123,4 @@ def test_launches_carry_the_format(golden_dir, fmt):
     assert name == ("attn_prefill_q64" if fmt.block > 1 else "attn_prefill_64")
     assert decode[28] == fid  # (attn_decode's kv_fmt; the grouped kernels take H last)
     tc = constants()["AP_TENSOR_CORES"] if fmt is not KvFormat.BF16 else 0
-    assert prefill[-2] == fid | tc
+    assert prefill[15] == fid | tc  # kv_mode

@@ -21,12 +21,14 @@ from forge_hip.contract import constants
 from forge_hip.library import KernelLibrary, attn_decode_blocks, attn_decode_kernel
 from forge_hip.products import Fused, Products
 from forge_hip.tuning import qk_rope_blocks
-from forge_hip.workspace import Workspace
+from forge_hip.workspace import PART_ROWS, Workspace
 
 ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
 ATT_THREADS = constants()["ATT_THREADS"]
 AP_THREADS = constants()["AP_THREADS"]
 AP_TENSOR_CORES = constants()["AP_TENSOR_CORES"]
+AP_MAX_SPLITS = constants()["AP_MAX_SPLITS"]
+AP_ROWS = 64  # attn_prefill.hip: (token, query head) pairs per block
 PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
 TENSOR_CORE_FORMATS = (KvFormat.F16, KvFormat.Q8_0, KvFormat.Q4_0)  # attn_prefill's mma path
 TABLE_KINDS = ("yarn", "llama3")  # RoPE scalings the kernels read as a frequency table
@@ -148,9 +150,9 @@ class Attentions:
         rounded to float16, as llama.cpp's f16 K/V products round them; a Q8_0 or Q4_0 cache's
         tiles converted to float16 as llama.cpp converts them); else float32 math (llama-f32
         with an f16 cache: golden max 1.08e-3 rounded vs its 1e-3 bound), also for bfloat16
-        caches. False,
-        launching nothing, when the head sizes do not fit it (D over 256; tensor-core rows not a
-        multiple of 8 values)."""
+        caches. Long key ranges are split over blocks as the GPU has room (`prefill_splits`),
+        the last block of a tile merging the partials. False, launching nothing, when the head
+        sizes do not fit it (D over 256; tensor-core rows not a multiple of 8 values)."""
         s, ws, pr = self.spec, self.ws, self.products
         d, dv = s.head_dim, s.head_dim_v
         dp = next((p for p in PREFILL_WIDTHS if d <= p), None)  # the kernel's padded D
@@ -160,12 +162,27 @@ class Attentions:
         mode = kv.format_id | (AP_TENSOR_CORES if tensor_cores else 0)  # the kernel's kv_mode
         if dp is None or (tensor_cores and (d % 8 or dv % 8)):
             return False
-        dvc = min(dp, 128)  # AP_DVC: output columns per block
         kc, vc = kv.layer(i)
-        grid = (-(-rows * (s.n_head // s.n_head_kv) // 64), s.n_head_kv, -(-dv // dvc))
+        blocks = prefill_blocks(rows, s.n_head, s.n_head_kv, dv, dp)
+        splits = prefill_splits(rows, blocks[0] * blocks[1] * blocks[2],
+                                self.lib.runtime.props.compute_units, pr.tune.ap_fill)  # fmt: skip
         kernel = f"attn_prefill_{'q' if kv.format.block > 1 else ''}{dp}"  # q: quantized caches
-        pr.launch(self.lib.get(kernel), grid, (AP_THREADS,),
+        pr.launch(self.lib.get(kernel), (*blocks[:2], blocks[2] * splits), (AP_THREADS,),
                   [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.attn, rows, s.n_head,
                    s.n_head_kv, d, dv, kv.block_size, s.attn_scale,
-                   s.layers[i].sliding_window or 0, mode, a.sinks])  # fmt: skip
+                   s.layers[i].sliding_window or 0, mode, a.sinks, ws.part_o, ws.part_ml,
+                   ws.att_cnt, splits])  # fmt: skip
         return True
+
+
+def prefill_blocks(rows: int, n_head: int, n_head_kv: int, dv: int, dp: int) -> tuple[int, ...]:
+    """attn_prefill's grid without splits: (64-pair tiles, KV heads, column blocks of Dv)."""
+    return -(-rows * (n_head // n_head_kv) // AP_ROWS), n_head_kv, -(-dv // min(dp, 128))
+
+
+def prefill_splits(rows: int, blocks: int, compute_units: int, fill: int) -> int:
+    """Most parts attn_prefill cuts a long key range into: as many as keep the blocks within
+    `fill` per compute unit (one wave), within the partials' (row, split) pairs (the kernel
+    takes fewer for short ranges, one split writing its output directly)."""
+    want = fill * compute_units // blocks
+    return max(1, min(AP_MAX_SPLITS, PART_ROWS // rows, want))

@@ -65,6 +65,7 @@ class Tuning:
     mmq_blocks_per_cu: int
     att_fill: int
     att_rows_max: int
+    ap_fill: int
     gemm_tile_fill: int
     sample_parts: int
     sample_slice: int

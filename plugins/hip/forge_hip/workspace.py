@@ -16,7 +16,7 @@ ROW_CAP = 512  # token rows per forward pass (the API's prefill chunk)
 OUT_BYTES = 64 << 20  # bound of the logits buffer
 MAX_SPLITS = 64  # decode attention splits over the KV length (the plan keeps a wave of blocks)
 ROWS_SPLITS = 16  # the same for prompt pieces of up to 16 rows, and one-row per-head decode
-PART_ROWS = ROW_CAP  # (row, split) pairs the attention partials hold
+PART_ROWS = 4 * ROW_CAP  # (row, split) pairs the attention partials hold (prompt pieces' splits)
 DESC_LEN = constants()["DESC_LEN"]  # int64 per matrix descriptor
 
 
