@@ -34,8 +34,9 @@
 // dequantized as they load.
 // NVIDIA, with AP_TENSOR_CORES: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles
 // of BK positions copied into shared memory by cp.async (the next K tile loads during this tile's
-// softmax and P V, the next V tile during the next scores; a quantized cache's tiles are
-// converted to float16 on their way, loaded when issued), S = Q K^T and O += P V by
+// softmax and P V, the next V tile during the next scores; a quantized cache's tiles, of AP_BKQ
+// positions, arrive as stored (cp.async) and are converted to float16 in shared memory once
+// there), S = Q K^T and O += P V by
 // mma.sync m16n8k16 (float16 operands, float32 accumulators), online softmax in float32 with
 // exp2. Rounding: Q and P are rounded to float16 (as llama.cpp's f16 K/V products round them).
 // Elsewhere (AMD, and the other modes): a SIMT path in float32, 4 threads per row, tiles of
@@ -57,10 +58,18 @@
 #define AP_SPLIT_ALIGN 64  // split boundaries: whole tiles of either path
 #define AP_SPLIT_MIN 512   // keys of a split at least (fewer do not repay the partials' round trip)
 
-// Shared memory of one block: the larger of the two paths' tiles (16-bit words).
-template <int DP> struct ApSmem {
+#define AP_BKQ 32  // tensor-core tile positions of a quantized cache (room for its raw tiles)
+// Bytes of a staged quantized piece of w values: the Q8_0 codes (Q4_0's take half) and scales in
+// whole 4-byte words, padded to 8 bytes (a bound for both formats).
+#define AP_RBQ(w) (((w) + (((w) / 16 + 3) & ~3) + 7) & ~7)
+
+// Shared memory of one block: the larger of the two paths' tiles (16-bit words); QUANT: the
+// tensor-core tiles of a quantized cache, plus its raw K and V tiles as they arrive.
+template <int DP, bool QUANT = false> struct ApSmem {
     static constexpr int LDK = DP + 8, LDV = AP_DVC(DP) + 8;  // padded rows: ldmatrix without conflicts
-    static constexpr int MMA = AP_BK(DP) * (LDK + LDV);
+    static constexpr int BK = QUANT ? AP_BKQ : AP_BK(DP);
+    static constexpr int RAW = QUANT ? BK * (AP_RBQ(DP) + AP_RBQ(AP_DVC(DP))) / 2 : 0;
+    static constexpr int MMA = BK * (LDK + LDV) + RAW;
     static constexpr int SIMT = 2 * AP_SIMT_BK * (DP + AP_DVC(DP));
     static constexpr int WORDS = MMA > SIMT ? MMA : SIMT;
 };
@@ -313,12 +322,25 @@ template <int FMT> FORGE_DEV uint4 ap_quant8(const char* row, int width, int d) 
     return make_uint4(ap_h2(v[0], v[1]), ap_h2(v[2], v[3]), ap_h2(v[4], v[5]), ap_h2(v[6], v[7]));
 }
 
+FORGE_DEV void ap_cp4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ap_saddr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+// Row stride of a staged quantized piece of w values (codes, then scales; see AP_RBQ).
+template <int FMT> FORGE_DEV int ap_stride(int w) {
+    return ((FMT == KV_Q8_0 ? w : w / 2) + ((2 * (w / KV_BLOCK) + 3) & ~3) + 7) & ~7;
+}
+
 // The BK positions whose cache slots are in `slots` (-1: none), one head (W columns from col0,
-// `width` per cache row), into dst [BK][ld] as float16: a float16 cache by cp.async, a quantized
-// one converted here; zeros for no slot or past width.
+// `width` per cache row): a float16 cache into dst [BK][ld] by cp.async (zeros for no slot or
+// past width); a quantized one's values col0 .. col0 + w - 1 (w = min(W, width - col0)) into
+// `raw` by cp.async as they are stored, a piece of w values with its own scales after its codes
+// (ap_stride apart; zeros for no slot), which ap_convert turns into dst once they have arrived.
+// (Reading the scales in whole words may read 2 bytes past them: the row's padding.)
 template <int W, int BK, int FMT>
-FORGE_DEV void ap_mma_tile(u16* dst, int ld, const void* cache, const i32* slots, int Hkv, int kvh,
-                           int width, int col0) {
+FORGE_DEV void ap_mma_tile(u16* dst, int ld, char* raw, const void* cache, const i32* slots,
+                           int Hkv, int kvh, int width, int col0) {
     constexpr int CPR = W / 8;  // 16-byte pieces per row
     static_assert(BK * CPR % AP_THREADS == 0, "whole tile rounds");
     const int rb = kv_row_bytes(FMT, width);
@@ -332,23 +354,42 @@ FORGE_DEV void ap_mma_tile(u16* dst, int ld, const void* cache, const i32* slots
             ap_cp16(dst + key * ld + col, ok ? row + 2 * (col0 + col) : cache, ok);
         }
     } else {
-        // (one piece at a time: the loop runs while the scores and outputs hold most registers)
-#pragma unroll 1
-        for (int it = 0; it < BK * CPR / AP_THREADS; ++it) {
-            const int c = threadIdx.x + it * AP_THREADS;
-            const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
-            const bool ok = slot >= 0 && col0 + col < width;
+        const int w = width - col0 < W ? width - col0 : W;
+        const int cb = FMT == KV_Q8_0 ? w : w / 2, sb = (2 * (w / KV_BLOCK) + 3) & ~3;
+        const int code0 = FMT == KV_Q8_0 ? col0 : col0 / 2;
+        const int scale0 = (FMT == KV_Q8_0 ? width : width / 2) + 2 * (col0 / KV_BLOCK);
+        const int words = (cb + sb) / 4, stride = ap_stride<FMT>(w);
+        for (int c = threadIdx.x; c < BK * words; c += AP_THREADS) {
+            const int key = c / words, b = 4 * (c % words), slot = slots[key];
             const char* row = (const char*)cache + ((i64)slot * Hkv + kvh) * rb;
-            *(uint4*)(dst + key * ld + col) = ok ? ap_quant8<FMT>(row, width, col0 + col)
-                                                 : make_uint4(0u, 0u, 0u, 0u);
+            const char* src = b < cb ? row + code0 + b : row + scale0 + (b - cb);
+            ap_cp4(raw + key * stride + b, slot >= 0 ? src : cache, slot >= 0);
         }
     }
 }
 
+// A quantized tile's raw pieces (ap_mma_tile) into dst [BK][ld] as float16 (zeros past w).
+template <int W, int BK, int FMT>
+FORGE_DEV void ap_convert(u16* dst, int ld, const char* raw, int width, int col0) {
+    constexpr int CPR = W / 8;
+    const int w = width - col0 < W ? width - col0 : W, stride = ap_stride<FMT>(w);
+    // (one piece at a time: the loop runs while the outputs hold most registers)
+#pragma unroll 1
+    for (int c = threadIdx.x; c < BK * CPR; c += AP_THREADS) {
+        const int key = c / CPR, col = (c % CPR) * 8;
+        *(uint4*)(dst + key * ld + col) = col < w ? ap_quant8<FMT>(raw + key * stride, w, col)
+                                                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
 template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
-    constexpr int DVC = AP_DVC(DP), BK = AP_BK(DP), LDK = ApSmem<DP>::LDK, LDV = ApSmem<DP>::LDV;
+    constexpr bool QUANT = FMT != KV_F16;
+    using Sm = ApSmem<DP, QUANT>;
+    constexpr int DVC = AP_DVC(DP), BK = Sm::BK, LDK = Sm::LDK, LDV = Sm::LDV;
     u16* Ks = smem;
     u16* Vs = smem + BK * LDK;
+    char* rawK = (char*)(smem + BK * (LDK + LDV));  // (quantized caches' raw tiles)
+    char* rawV = rawK + BK * AP_RBQ(DP);
     const void* kc = a.kc;
     const void* vc = a.vc;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -392,9 +433,9 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             a.s_slot[threadIdx.x] = ap_slot(table, a.bs, kb + threadIdx.x, ke);
         }
         __syncthreads();
-        ap_mma_tile<DP, BK, FMT>(Ks, LDK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
+        ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
         ap_commit();
-        ap_mma_tile<DVC, BK, FMT>(Vs, LDV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
+        ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
         ap_commit();
         for (int k0 = kb, j = 0; k0 < ke; k0 += BK, ++j) {
             const bool more = k0 + BK < ke;
@@ -408,6 +449,10 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                                                           (hi[1] >= k0 && lo[1] < k0 + BK));
             ap_wait<1>();  // K of this tile
             __syncthreads();
+            if (QUANT) {
+                ap_convert<DP, BK, FMT>(Ks, LDK, rawK, a.D, 0);
+                __syncthreads();
+            }
             float s[BK / 8][4];
             if (live) {
 #pragma unroll
@@ -427,7 +472,7 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             }
             if (more && threadIdx.x < BK) nxt[threadIdx.x] = nslot;
             __syncthreads();  // every warp is done with K; the next slots are stored
-            if (more) ap_mma_tile<DP, BK, FMT>(Ks, LDK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
+            if (more) ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
             ap_commit();
             u32 pf[BK / 16][4];
             if (live) {
@@ -478,6 +523,10 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             }
             ap_wait<1>();  // V of this tile
             __syncthreads();
+            if (QUANT) {
+                ap_convert<DVC, BK, FMT>(Vs, LDV, rawV, a.Dv, a.col0);
+                __syncthreads();
+            }
             if (live) {
 #pragma unroll
                 for (int t = 0; t < BK / 16; ++t) {
@@ -491,7 +540,9 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                 }
             }
             __syncthreads();  // every warp is done with V
-            if (more) ap_mma_tile<DVC, BK, FMT>(Vs, LDV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
+            if (more) {
+                ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
+            }
             ap_commit();
         }
         ap_wait<0>();
@@ -599,7 +650,8 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
                        int Dv, int block_size, float scale, int window, int kv_mode,
                        const float* sinks, float* part_o, float* part_ml, u32* cnt, int splits,
                        u16* smem, i32* s_pos, i32* s_off, i32* s_slot) {
-    static_assert(ApSmem<DP>::WORDS * 2 >= AP_ROWS * (AP_MAX_SPLITS + 1) * 4, "merge scratch");
+    static_assert(ApSmem<DP, QUANT>::WORDS * 2 >= AP_ROWS * (AP_MAX_SPLITS + 1) * 4,
+                  "merge scratch");
     ApArgs a;
     a.q = q;
     a.kc = kc;
@@ -700,7 +752,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64, true>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<64, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
                        kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
@@ -713,7 +765,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* _
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128, true>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<128, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
@@ -726,7 +778,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q256(const float* _
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
+    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256, true>::WORDS];
     __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
     ap_main<256, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
