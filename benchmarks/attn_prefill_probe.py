@@ -94,10 +94,10 @@ def main() -> int:
                     r = probe(rt, lib, dev, directory, a.heads, a.rows, depth, splits, fmt,
                               a.launches)  # fmt: skip
                     dev.free()
+                    if r["splits"] < splits:  # a source without splits: its one split is shown
+                        break
                     results.append({"kernels": label, **r})
                     print(json.dumps(results[-1]), flush=True)
-                    if r["splits"] < splits:  # (a source without splits: one run is enough)
-                        break
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "attn_prefill_probe.json").write_text(json.dumps(results, indent=1))
