@@ -89,12 +89,12 @@ def main() -> int:
     for label, directory in (d.split("=", 1) for d in a.dirs):
         for fmt in map(KvFormat, a.formats):
             for depth in a.depths:
-                for splits in a.splits:
+                for k, splits in enumerate(a.splits):
                     dev = Dev(rt)
                     r = probe(rt, lib, dev, directory, a.heads, a.rows, depth, splits, fmt,
                               a.launches)  # fmt: skip
                     dev.free()
-                    if r["splits"] < splits:  # a source without splits: its one split is shown
+                    if k and r["splits"] < splits:  # a source without splits: shown once
                         break
                     results.append({"kernels": label, **r})
                     print(json.dumps(results[-1]), flush=True)
