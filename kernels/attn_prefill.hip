@@ -68,7 +68,11 @@
 template <int DP, bool QUANT = false> struct ApSmem {
     static constexpr int LDK = DP + 8, LDV = AP_DVC(DP) + 8;  // padded rows: ldmatrix without conflicts
     static constexpr int BK = QUANT ? AP_BKQ : AP_BK(DP);
+#if defined(FORGE_NV)
     static constexpr int RAW = QUANT ? BK * (AP_RBQ(DP) + AP_RBQ(AP_DVC(DP))) / 2 : 0;
+#else
+    static constexpr int RAW = 0;  // (the tensor-core path is NVIDIA's)
+#endif
     static constexpr int MMA = BK * (LDK + LDV) + RAW;
     static constexpr int SIMT = 2 * AP_SIMT_BK * (DP + AP_DVC(DP));
     static constexpr int WORDS = MMA > SIMT ? MMA : SIMT;
@@ -673,7 +677,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     a.ncol = (Dv + AP_DVC(DP) - 1) / AP_DVC(DP);
     a.col0 = blockIdx.z % a.ncol * AP_DVC(DP);
     a.split = blockIdx.z / a.ncol;
-    a.splits = splits;
+    a.splits = splits < AP_MAX_SPLITS ? splits : AP_MAX_SPLITS;  // (what the merge holds)
     a.part_o = part_o;
     a.part_ml = part_ml;
     a.cnt = cnt;
@@ -696,7 +700,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
         longest = seg.kend - seg.kbeg > longest ? seg.kend - seg.kbeg : longest;
         sa = seg.last + 1;
     }
-    const int each = (longest + splits - 1) / splits;
+    const int each = (longest + a.splits - 1) / a.splits;
     a.chunk = (each + AP_SPLIT_ALIGN - 1) / AP_SPLIT_ALIGN * AP_SPLIT_ALIGN;
     a.chunk = a.chunk > AP_SPLIT_MIN ? a.chunk : AP_SPLIT_MIN;
     a.n_used = (longest + a.chunk - 1) / a.chunk;
