@@ -274,26 +274,16 @@ template <int DP, int FMT> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) 
 // ---- NVIDIA tensor-core path (float16 cache) -------------------------------------------------
 
 #if defined(FORGE_NV)
-FORGE_DEV u32 ap_saddr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-FORGE_DEV void ap_cp16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ap_saddr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-FORGE_DEV void ap_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> FORGE_DEV void ap_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 FORGE_DEV void ap_ldsm(const u16* p, u32* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ap_saddr(p)));
+                 : "r"(smem_addr(p)));
 }
 
 FORGE_DEV void ap_ldsm_t(const u16* p, u32* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ap_saddr(p)));
+                 : "r"(smem_addr(p)));
 }
 
 FORGE_DEV void ap_mma(float* c, const u32* a, u32 b0, u32 b1) {
@@ -326,11 +316,6 @@ template <int FMT> FORGE_DEV uint4 ap_quant8(const char* row, int width, int d) 
     return make_uint4(ap_h2(v[0], v[1]), ap_h2(v[2], v[3]), ap_h2(v[4], v[5]), ap_h2(v[6], v[7]));
 }
 
-FORGE_DEV void ap_cp4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ap_saddr(dst)), "l"(src),
-                 "r"(valid ? 4 : 0));
-}
-
 // Row stride of a staged quantized piece of w values (codes, then scales; see AP_RBQ).
 template <int FMT> FORGE_DEV int ap_stride(int w) {
     return ((FMT == KV_Q8_0 ? w : w / 2) + ((2 * (w / KV_BLOCK) + 3) & ~3) + 7) & ~7;
@@ -355,7 +340,7 @@ FORGE_DEV void ap_mma_tile(u16* dst, int ld, char* raw, const void* cache, const
             const int key = c / CPR, col = (c % CPR) * 8, slot = slots[key];
             const bool ok = slot >= 0 && col0 + col < width;
             const char* row = (const char*)cache + ((i64)slot * Hkv + kvh) * rb;
-            ap_cp16(dst + key * ld + col, ok ? row + 2 * (col0 + col) : cache, ok);
+            cp_async16(dst + key * ld + col, ok ? row + 2 * (col0 + col) : cache, ok);
         }
     } else {
         const int w = width - col0 < W ? width - col0 : W;
@@ -367,7 +352,7 @@ FORGE_DEV void ap_mma_tile(u16* dst, int ld, char* raw, const void* cache, const
             const int key = c / words, b = 4 * (c % words), slot = slots[key];
             const char* row = (const char*)cache + ((i64)slot * Hkv + kvh) * rb;
             const char* src = b < cb ? row + code0 + b : row + scale0 + (b - cb);
-            ap_cp4(raw + key * stride + b, slot >= 0 ? src : cache, slot >= 0);
+            cp_async4(raw + key * stride + b, slot >= 0 ? src : cache, slot >= 0);
         }
     }
 }
@@ -438,9 +423,9 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
         }
         __syncthreads();
         ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
-        ap_commit();
+        cp_async_commit();
         ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
-        ap_commit();
+        cp_async_commit();
         for (int k0 = kb, j = 0; k0 < ke; k0 += BK, ++j) {
             const bool more = k0 + BK < ke;
             i32* nxt = a.s_slot + ((j + 1) & 1) * BK;
@@ -451,7 +436,7 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             // this warp has a live score in the tile
             const bool live = __any_sync(0xffffffffu, (hi[0] >= k0 && lo[0] < k0 + BK) ||
                                                           (hi[1] >= k0 && lo[1] < k0 + BK));
-            ap_wait<1>();  // K of this tile
+            cp_async_wait<1>();  // K of this tile
             __syncthreads();
             if (QUANT) {
                 ap_convert<DP, BK, FMT>(Ks, LDK, rawK, a.D, 0);
@@ -477,7 +462,7 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             if (more && threadIdx.x < BK) nxt[threadIdx.x] = nslot;
             __syncthreads();  // every warp is done with K; the next slots are stored
             if (more) ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
-            ap_commit();
+            cp_async_commit();
             u32 pf[BK / 16][4];
             if (live) {
                 // online softmax over rows ra (x = 0: s[n][0..1]) and rb (x = 1: s[n][2..3])
@@ -525,7 +510,7 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                     pf[t][3] = ap_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
                 }
             }
-            ap_wait<1>();  // V of this tile
+            cp_async_wait<1>();  // V of this tile
             __syncthreads();
             if (QUANT) {
                 ap_convert<DVC, BK, FMT>(Vs, LDV, rawV, a.Dv, a.col0);
@@ -547,9 +532,9 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             if (more) {
                 ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
             }
-            ap_commit();
+            cp_async_commit();
         }
-        ap_wait<0>();
+        cp_async_wait<0>();
         sa = seg.last + 1;
     }
     // the quad's partial sums, then O / l

@@ -154,6 +154,29 @@ FORGE_DEV float ld_coherent(const float* p) {
 #endif
 }
 
+#if defined(FORGE_NV)
+// cp.async (sm_80+): copies from global into shared memory that skip the registers, committed in
+// groups a thread later waits for (cp_async_wait<N>: all but its N most recent groups arrived).
+// An invalid copy fills its destination with zeros.
+FORGE_DEV u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+FORGE_DEV void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+FORGE_DEV void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+FORGE_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N> FORGE_DEV void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+#endif
+
 // Sum over the whole block; `scratch` holds one float per warp. Every thread gets the result.
 FORGE_DEV float block_sum(float v, float* scratch) {
     int lane = threadIdx.x % FORGE_WARP, warp = threadIdx.x / FORGE_WARP;

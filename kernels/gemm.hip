@@ -329,13 +329,6 @@ template <int BM> struct Stage {
 };
 
 #if defined(FORGE_NV)
-FORGE_DEV u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-FORGE_DEV void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
 FORGE_DEV void ldsm_x4(const u16* p, u32* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -432,8 +425,8 @@ template <int T, int BM> FORGE_DEV void gemm_tile(const GMat& m, int b0, int n0,
     load_weights<T>(m, n0, 0, raw);
     store_weights<T>(m, n0, 0, raw, smem + Stage<BM>::A);
 #if defined(FORGE_NV)
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    cp_async_commit();
+    cp_async_wait<0>();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm * BM/2 .., columns wn * 32 ..
     const int MT = BM / 32;                   // 16-row tiles per warp
@@ -447,7 +440,7 @@ template <int T, int BM> FORGE_DEV void gemm_tile(const GMat& m, int b0, int n0,
 #if defined(FORGE_NV)
         if (more) {
             load_act<BM>(m, b0, R, (kt + 1) * GB_K, nxt);
-            asm volatile("cp.async.commit_group;\n" ::);
+            cp_async_commit();
             load_weights<T>(m, n0, kt + 1, raw);
         }
         const u16* As = cur;
@@ -472,7 +465,7 @@ template <int T, int BM> FORGE_DEV void gemm_tile(const GMat& m, int b0, int n0,
                 for (int j = 0; j < 4; ++j) mma16816<bf>(acc + (i * 4 + j) * 4, a[i], b[j]);
         }
         if (more) store_weights<T>(m, n0, kt + 1, raw, nxt + Stage<BM>::A);
-        asm volatile("cp.async.wait_group 0;\n" ::);
+        cp_async_wait<0>();
 #else
         // Portable path: thread (tm, tn) = (t / 16, t % 16) owns rows tm + 16 i, columns tn + 16 j.
         const u16* As = cur;
