@@ -82,7 +82,10 @@ def main() -> int:
     path, label = model_path(args.model, args.work)
     gguf = open_gguf(path)
     per_token = bytes_per_token(build_spec(gguf), gguf)
-    rows = [measure(path, int(tp), args.batch) for tp in args.tp.split(",")]
+    rows = []
+    for tp in args.tp.split(","):  # each run's line as it ends (a long run may be cut short)
+        rows.append(measure(path, int(tp), args.batch))
+        print(json.dumps(rows[-1]), flush=True)
     bw = next((r["copy_bandwidth_GBs"] for r in rows if r["copy_bandwidth_GBs"]), None)
     for r in rows:
         if bw:
