@@ -167,6 +167,12 @@ DECODE_CASES = [
     (4, 4, 96, 64, 32, 0, False, [50, 51], 0, 1, Q4, False),
     (2, 1, 512, 512, 128, 1, True, [300], 0, 4, Q8, False),
     (8, 2, 128, 128, 128, 0, False, [40, 300], 0, 8, BF16, False),
+    # few splits of long ranges: many load rounds a warp (past the L2 prefetch's lead), the
+    # last round of a warp short
+    (8, 2, 128, 128, 128, 0, False, [4100, 2999], 0, 2, F16, False),
+    (8, 2, 128, 128, 128, 0, False, [4100], 0, 2, Q8, False),
+    (8, 2, 64, 64, 64, 1, False, [3001], 0, 1, Q4, True),
+    (4, 1, 256, 256, 256, 1, True, [2500, 1500], 1800, 1, BF16, False),
 ]
 
 # How far a stored value may be from the float64 one: float16/32 relative; the quantized formats

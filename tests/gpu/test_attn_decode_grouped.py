@@ -38,6 +38,7 @@ CASES = [
     (6, 2, 128, [200, 17], 0, 16, BF16, False),  # 3 a KV head
     (14, 2, 128, [300, 1000], 0, 16, F32, False),  # 7 a KV head: 4 + 3
     (28, 4, 128, [50], 0, 1, Q4, False),  # one split: no merge
+    (32, 8, 128, [5000, 4097], 0, 2, Q8, False),  # long splits: many load rounds a warp
 ]
 
 
