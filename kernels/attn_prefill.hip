@@ -274,32 +274,6 @@ template <int DP, int FMT> FORGE_DEV void ap_simt(const ApArgs& a, float* smem) 
 // ---- NVIDIA tensor-core path (float16 cache) -------------------------------------------------
 
 #if defined(FORGE_NV)
-FORGE_DEV void ap_ldsm(const u16* p, u32* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-FORGE_DEV void ap_ldsm_t(const u16* p, u32* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-FORGE_DEV void ap_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-FORGE_DEV u32 ap_h2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // Cache slot of position p of the segment (-1 past kend).
 FORGE_DEV int ap_slot(const i32* table, int bs, int p, int kend) {
     return p < kend ? table[p / bs] * bs + p % bs : -1;
@@ -313,7 +287,7 @@ template <int FMT> FORGE_DEV uint4 ap_quant8(const char* row, int width, int d) 
     float v[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = (float)kv_code<FMT>(c.lo, c.hi, k) * s;
-    return make_uint4(ap_h2(v[0], v[1]), ap_h2(v[2], v[3]), ap_h2(v[4], v[5]), ap_h2(v[6], v[7]));
+    return make_uint4(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]), pack_h2(v[4], v[5]), pack_h2(v[6], v[7]));
 }
 
 // Row stride of a staged quantized piece of w values (codes, then scales; see AP_RBQ).
@@ -394,7 +368,7 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             const int c = 16 * ks + 2 * (lane & 3) + 8 * (x >> 1);
             float2 v = make_float2(0.0f, 0.0f);
             if (qr && c < a.D) v = *(const float2*)(qr + c);
-            qf[ks][x] = ap_h2(v.x, v.y);
+            qf[ks][x] = pack_h2(v.x, v.y);
         }
     }
     float o[DVC / 8][4];
@@ -451,11 +425,11 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
 #pragma unroll
                     for (int jj = 0; jj < BK / 16; ++jj) {
                         u32 b[4];
-                        ap_ldsm(Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LDK + 16 * ks +
+                        ldsm_x4(Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LDK + 16 * ks +
                                     ((lane >> 3) & 1) * 8,
                                 b);
-                        ap_mma(s[2 * jj], qf[ks], b[0], b[1]);
-                        ap_mma(s[2 * jj + 1], qf[ks], b[2], b[3]);
+                        mma_f16(s[2 * jj], qf[ks], b[0], b[1]);
+                        mma_f16(s[2 * jj + 1], qf[ks], b[2], b[3]);
                     }
                 }
             }
@@ -504,10 +478,10 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
                 // P as A fragments: the accumulator layout of two 8-key tiles is that of a 16-k A
 #pragma unroll
                 for (int t = 0; t < BK / 16; ++t) {
-                    pf[t][0] = ap_h2(s[2 * t][0], s[2 * t][1]);
-                    pf[t][1] = ap_h2(s[2 * t][2], s[2 * t][3]);
-                    pf[t][2] = ap_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
-                    pf[t][3] = ap_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
+                    pf[t][0] = pack_h2(s[2 * t][0], s[2 * t][1]);
+                    pf[t][1] = pack_h2(s[2 * t][2], s[2 * t][3]);
+                    pf[t][2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
+                    pf[t][3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
                 }
             }
             cp_async_wait<1>();  // V of this tile
@@ -522,9 +496,9 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
 #pragma unroll
                     for (int nn = 0; nn < DVC / 16; ++nn) {
                         u32 b[4];
-                        ap_ldsm_t(Vs + (16 * t + (lane & 15)) * LDV + 16 * nn + (lane >> 4) * 8, b);
-                        ap_mma(o[2 * nn], pf[t], b[0], b[1]);
-                        ap_mma(o[2 * nn + 1], pf[t], b[2], b[3]);
+                        ldsm_x4_t(Vs + (16 * t + (lane & 15)) * LDV + 16 * nn + (lane >> 4) * 8, b);
+                        mma_f16(o[2 * nn], pf[t], b[0], b[1]);
+                        mma_f16(o[2 * nn + 1], pf[t], b[2], b[3]);
                     }
                 }
             }

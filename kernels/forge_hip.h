@@ -154,6 +154,17 @@ FORGE_DEV float ld_coherent(const float* p) {
 #endif
 }
 
+// Two floats as a packed pair of float16 (lo in the low half), rounded to nearest.
+FORGE_DEV u32 pack_h2(float lo, float hi) {
+#if defined(FORGE_NV)
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+#endif
+}
+
 #if defined(FORGE_NV)
 // cp.async (sm_80+): copies from global into shared memory that skip the registers, committed in
 // groups a thread later waits for (cp_async_wait<N>: all but its N most recent groups arrived).
@@ -174,6 +185,29 @@ FORGE_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); 
 
 template <int N> FORGE_DEV void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ldmatrix: four 8x8 tiles of 16-bit values from shared memory (lane i gives row i % 8 of tile
+// i / 8), as mma fragments; _t transposed.
+FORGE_DEV void ldsm_x4(const u16* p, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+FORGE_DEV void ldsm_x4_t(const u16* p, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c (16 x 8, float) += a (16 x 16, float16, row-major fragments) * b (16 x 8, column-major).
+FORGE_DEV void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 

@@ -85,16 +85,6 @@ FORGE_KERNEL void act_half(const float* __restrict__ x, u16* __restrict__ y, int
 
 // ---- weight decoding: 16 values of a row into 8 words of packed float16 ---------------------------
 
-FORGE_DEV u32 pack_h2(float lo, float hi) {
-#if defined(FORGE_NV)
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
-#endif
-}
-
 // 2^23 + b as a float, for a byte value b: integer to float without a conversion instruction.
 FORGE_DEV float magic_f(u32 b) { return bits_to_float(0x4B000000u | b); }
 #define MAGIC 8388608.0f
@@ -329,12 +319,6 @@ template <int BM> struct Stage {
 };
 
 #if defined(FORGE_NV)
-FORGE_DEV void ldsm_x4(const u16* p, u32* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
 template <bool BF> FORGE_DEV void mma16816(float* c, const u32* a, const u32* b) {
     if (BF) {
         asm volatile(
