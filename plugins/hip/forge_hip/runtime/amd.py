@@ -208,8 +208,9 @@ class HipRuntime(Runtime):
         return Kernel(fn, name, signature)
 
     def launch(
-        self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None, overlap=False
+        self, kernel: Kernel, grid, block, args, shared=None, stream=None, overlap=False
     ) -> None:
+        shared = kernel.shared if shared is None else shared
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
         check(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.errors import UsageError
+from forge.errors import ForgeRuntimeError, UsageError
 
 # One character per kernel parameter: p pointer, i int32, u uint32, q int64, f float32.
 _ARG_TYPES = {
@@ -89,12 +89,14 @@ class DeviceBuffer:
 class Kernel:
     """A loaded kernel function and the signature its arguments are packed with. `overlaps`: its
     first statement is forge_hip.h's FORGE_GRID_WAIT(), so it may be launched to overlap the end of
-    the kernel before it (every kernel of forge's kernels/; not third-party ones)."""
+    the kernel before it (every kernel of forge's kernels/; not third-party ones). `shared`: the
+    dynamic shared memory (bytes) every launch of it asks for (`Runtime.reserve_shared`)."""
 
     handle: Any
     name: str
     signature: str
     overlaps: bool = False
+    shared: int = 0
 
 
 class Runtime(ABC):
@@ -187,6 +189,11 @@ class Runtime(ABC):
     def function(self, module: Any, name: str, signature: str) -> Kernel:
         """Look up an `extern "C"` kernel in a loaded module."""
 
+    def reserve_shared(self, kernel: Kernel, nbytes: int) -> Kernel:
+        """`kernel` launched with `nbytes` of dynamic shared memory, allowed past the platform's
+        default cap (NVIDIA: 48 KiB) where the device has that much."""
+        raise ForgeRuntimeError(f"{self.platform}: no dynamic shared memory for {kernel.name}")
+
     @abstractmethod
     def launch(
         self,
@@ -194,11 +201,12 @@ class Runtime(ABC):
         grid: Sequence[int],
         block: Sequence[int],
         args: Sequence[Any],
-        shared: int = 0,
+        shared: int | None = None,
         stream: Any = None,
         overlap: bool = False,
     ) -> None:
-        """Launch a kernel asynchronously on `stream`. `overlap` (for kernels that `overlaps`):
+        """Launch a kernel asynchronously on `stream` with `shared` bytes of dynamic shared
+        memory (None: the kernel's own `shared`). `overlap` (for kernels that `overlaps`):
         let it start before the previous kernel on the stream completes where the platform can
         (NVIDIA sm_90+ programmatic dependent launch); elsewhere a plain launch."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -216,9 +217,16 @@ class CudaRuntime(Runtime):
         )
         return Kernel(fn, name, signature)
 
+    def reserve_shared(self, kernel: Kernel, nbytes: int) -> Kernel:
+        attr = self._drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        status = self._drv.cuFuncSetAttribute(kernel.handle, attr, nbytes)
+        check(status, f"{kernel.name}: {nbytes} bytes of dynamic shared memory")
+        return replace(kernel, shared=nbytes)
+
     def launch(
-        self, kernel: Kernel, grid, block, args, shared: int = 0, stream=None, overlap=False
+        self, kernel: Kernel, grid, block, args, shared=None, stream=None, overlap=False
     ) -> None:
+        shared = kernel.shared if shared is None else shared
         pack = ArgPack(kernel.signature, args)
         g, b = dims(grid), dims(block)
         if overlap and self._pdl:
