@@ -61,6 +61,13 @@
 #define AN_PER 32          // layer.hip add_norm: elements of a row each lane holds at most
 #define LAYER_MAX_D 512    // attention.hip: largest head dimension
 #define ATT_SPLIT_MIN 128  // attention.hip: positions per split at least
+#define TCD_THREADS 128   // attn_decode_tc.hip: threads of a block (4 warps)
+#define TCD_STAGES 3      // ... key tiles in flight per warp (cp.async ring)
+#define TCD_BK 16         // ... keys of a tile
+#define TCD_MAX_GROUP 16  // ... most query heads a KV head serves (the rows of an mma tile)
+#define TCD_SPLIT_MIN 256 // ... keys of a split at least
+#define TCD_SMEM_64 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (64 + 8) * 2)  // dynamic bytes
+#define TCD_SMEM_128 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (128 + 8) * 2)
 #define MOE_THREADS 1024   // moe.hip moe_route: most threads of its one block (>= E)
 #define MOE_MAX_EXPERTS 1024  // moe.hip: most experts of a layer
 #define MOE_MAX_PAIRS 8192    // moe.hip: most (token, chosen expert) pairs of one pass

@@ -5,12 +5,18 @@ on the device (tests/gpu/test_attention.py, test_attn_prefill.py, test_golden_gp
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
-from forge_hip.library import attn_decode_kernel
+from forge_hip.contract import constants
+from forge_hip.library import attn_decode_kernel, attn_decode_tc_kernel
+from forge_hip.tuning import load_tuning
 
 from forge.backend import SeqBatch
 from forge.gguf import open_gguf
+from forge.kv_cache import KvFormat
 from forge.models import build_spec
 from forge.models.rope import rope_frequencies
 from forge.plugins import get_plugin_manager
@@ -126,6 +132,61 @@ def test_the_plan_groups_only_shared_kv_heads():
     assert attn_decode_kernel(256, 256, 4, 1) == ("attn_decode_w256_g4", 4)
     assert attn_decode_kernel(64, 64, 8, 8) == ("attn_decode_w64", 1)  # no sharing: per head
     assert attn_decode_kernel(512, 512, 8, 1) == ("attn_decode_w512", 1)  # no grouped layout
+
+
+def test_tensor_core_decode_only_where_it_applies():
+    f16, q8 = KvFormat.F16, KvFormat.Q8_0
+    assert attn_decode_tc_kernel(128, 128, 32, 8, "cuda", f16) == "attn_decode_tc128"
+    assert attn_decode_tc_kernel(64, 64, 64, 8, "cuda", f16) == "attn_decode_tc64"
+    assert attn_decode_tc_kernel(64, 64, 8, 8, "cuda", f16) == "attn_decode_tc64"  # one a KV head
+    assert attn_decode_tc_kernel(128, 128, 32, 8, "rocm", f16) is None  # NVIDIA only
+    assert attn_decode_tc_kernel(128, 128, 32, 8, "cuda", q8) is None  # float16 caches only
+    assert attn_decode_tc_kernel(256, 256, 4, 1, "cuda", f16) is None  # heads of 64 or 128
+    assert attn_decode_tc_kernel(128, 64, 32, 8, "cuda", f16) is None  # D == Dv
+    assert attn_decode_tc_kernel(64, 64, 64, 2, "cuda", f16) is None  # at most 16 a KV head
+
+
+class NvidiaFake(FakeRuntime):
+    """FakeRuntime as the NVIDIA platform: dynamic shared memory is granted."""
+
+    platform = "cuda"
+
+    def reserve_shared(self, kernel, nbytes):
+        return replace(kernel, shared=nbytes)
+
+
+@pytest.mark.parametrize("knob", [False, True])
+def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, tmp_path, monkeypatch,
+                                                            knob):  # fmt: skip
+    """With the `tc_decode` knob each layer stores K/V with qk_rope_store, then runs
+    attn_decode_tc64 over (KV head, row, splits) with its dynamic shared memory, the splits
+    keeping two blocks a compute unit; without it, the fused attn_decode as before."""
+    tuning = tmp_path / "tuning.json"
+    tuning.write_text(json.dumps({"knobs": {"tc_decode": {"value": knob}}}))
+    monkeypatch.setenv("FORGE_HIP_TUNING", str(tuning))
+    load_tuning.cache_clear()  # (a device's knobs are read once)
+    try:
+        _check_decode_launches(golden_dir, knob)
+    finally:
+        load_tuning.cache_clear()
+
+
+def _check_decode_launches(golden_dir, knob: bool) -> None:
+    rt = NvidiaFake()
+    runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
+    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.arange(1), "last")])
+    rt.launches.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.arange(1), "last")])
+    names = [n for n, _, _ in rt.launches if n.startswith(("qk_rope", "attn"))]
+    s = runner.spec
+    if not knob:
+        assert names == ["attn_decode_w64_g4"] * s.n_layer
+        return
+    assert names == ["qk_rope_store", "attn_decode_tc64"] * s.n_layer
+    grids = {g for n, g, _ in rt.launches if n == "attn_decode_tc64"}
+    want = min(runner.splits, 2 * rt.props.compute_units // s.n_head_kv)
+    assert grids == {(s.n_head_kv, 1, want)}
+    assert runner.plan.lib.get("attn_decode_tc64").shared == constants()["TCD_SMEM_64"]
 
 
 @pytest.mark.parametrize("name,blocks", [("gpt-oss-q8_0.gguf", 2), ("qwen3-q8_0.gguf", 2),

@@ -2,10 +2,13 @@
 output product (its bias when the model has one).
 
 Decode steps run one fused launch (attention.hip's attn_decode: Q/K norm and RoPE, the KV
-store, split attention and its merge); other passes run qk_rope_store, then attn_prefill.hip (many
-rows) or attn_rows. RoPE reads a per-layer frequency table for YaRN and Llama 3.1 scaling
-(`forge.models.rope`'s frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n)
-formula otherwise; gpt-oss's attention sinks join the softmax in every attention kernel.
+store, split attention and its merge), or (tuning knob `tc_decode`, NVIDIA, float16 cache)
+qk_rope_store then attn_decode_tc.hip (a KV head's query heads as the rows of tensor-core
+tiles); other passes run
+qk_rope_store, then attn_prefill.hip (many rows) or attn_rows. RoPE reads a per-layer frequency
+table for YaRN and Llama 3.1 scaling (`forge.models.rope`'s frequencies, uploaded once into
+ws.rope_freqs) and the base^(-2i/n) formula otherwise; gpt-oss's attention sinks join the
+softmax in every attention kernel.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from forge.kv_cache import KvFormat
 from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import ModelSpec
 from forge_hip.contract import constants
-from forge_hip.library import KernelLibrary, attn_decode_blocks, attn_decode_kernel
+from forge_hip.library import (
+    TCD_THREADS,
+    KernelLibrary,
+    attn_decode_blocks,
+    attn_decode_kernel,
+    attn_decode_tc_kernel,
+)
 from forge_hip.products import Fused, Products
+from forge_hip.runtime.base import Kernel
 from forge_hip.tuning import qk_rope_blocks
-from forge_hip.workspace import PART_ROWS, Workspace
+from forge_hip.workspace import PART_ROWS, ROWS_SPLITS, Workspace
 
 ROPE_THREADS = 128  # qk_rope_store blocks (4 warps on NVIDIA: 4 Q/K heads per block)
 ATT_THREADS = constants()["ATT_THREADS"]
@@ -73,12 +83,39 @@ class Attentions:
             name, self.decode_group = attn_decode_kernel(spec.head_dim, spec.head_dim_v,
                                                          spec.n_head, spec.n_head_kv)  # fmt: skip
             op["attn_decode"] = lib.get(name)
+        self._builtin, self._tc_kernels = builtin_decode, {}
         self._tables = self._upload_tables()
 
     def decode_blocks(self) -> int:
         """attn_decode blocks per row and split: one per query head, or per group of
         `decode_group` query heads of one KV head."""
         return attn_decode_blocks(self.spec.n_head, self.spec.n_head_kv, self.decode_group)
+
+    def _tc(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
+        """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
+        and it applies (NVIDIA, float16; `attn_decode_tc_kernel`), else None (attn_decode)."""
+        if kv.format not in self._tc_kernels:
+            s, platform = self.spec, self.lib.runtime.platform
+            name = (
+                self._builtin
+                and self.products.tune.tc_decode
+                and attn_decode_tc_kernel(
+                    s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv, platform, kv.format
+                )
+            )
+            self._tc_kernels[kv.format] = self.lib.get(name) if name else None
+        return self._tc_kernels[kv.format]
+
+    def decode_splits(self, kv, rows: int, fill: int) -> int:  # noqa: ANN001 - a KvCache
+        """Most splits of a decode step's attention: as many as keep `fill` blocks per compute
+        unit of attn_decode (attn_decode_tc holds two a unit: twice that); one row of the
+        per-head attn_decode keeps ROWS_SPLITS, the count measured best for it."""
+        cus = self.lib.runtime.props.compute_units
+        if self._tc(kv) is not None:
+            return max(1, 2 * fill * cus // (rows * self.spec.n_head_kv))
+        if rows == 1 and self.decode_group == 1:
+            return ROWS_SPLITS
+        return max(1, fill * cus // (rows * self.decode_blocks()))
 
     def _upload_tables(self) -> dict[int, int]:
         """Layer -> device address of its frequency table (layers with one)."""
@@ -123,7 +160,8 @@ class Attentions:
         rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, a.rope_freqs,
                 a.mscale, s.rms_eps]  # fmt: skip
         att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, kv.format_id]
-        if decode:
+        tc = self._tc(kv) if decode else None
+        if decode and tc is None:
             nq = self.decode_group
             L(op["attn_decode"], (self.decode_blocks(), rows, splits), (ATT_THREADS,),
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, meta.bt, meta.btoff,
@@ -134,6 +172,12 @@ class Attentions:
             L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, kc, vc, s.n_head,
                s.n_head_kv, s.head_dim, s.head_dim_v, *rope, kv.format_id])  # fmt: skip
+        if tc is not None:
+            L(tc, (s.n_head_kv, rows, splits), (TCD_THREADS,),
+              [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml, ws.att_cnt,
+               ws.attn, s.n_head, s.n_head_kv, kv.block_size, s.attn_scale,
+               ls.sliding_window or 0, a.sinks])  # fmt: skip
+        elif not decode:
             short = rows <= self.products.tune.att_rows_max
             if short or inv or not self.prefill(i, a, rows, meta, kv):
                 L(op["attn_rows"], (s.n_head, rows, splits), (ATT_THREADS,),

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from forge.errors import UsageError
+from forge.kv_cache import KvFormat
 from forge_hip.contract import constants, kernel_signatures
 from forge_hip.runtime.base import Kernel, Runtime
 from forge_hip.sources import load_source
@@ -98,6 +99,7 @@ def plan_kernels() -> set[str]:
         "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
         *(f"attn_decode_w{w}_g{ATT_DECODE_GROUP}" for w in ATT_DECODE_WIDTHS[:-1]),
+        "attn_decode_tc64", "attn_decode_tc128",
         *(f"attn_prefill_{q}{d}" for q in ("", "q") for d in (64, 128, 256)),
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
@@ -137,6 +139,23 @@ def attn_decode_blocks(n_head: int, n_head_kv: int, group: int) -> int:
 
 
 ATT_THREADS = constants()["ATT_THREADS"]  # attn_rows / attn_decode blocks
+TCD_THREADS = constants()["TCD_THREADS"]  # attn_decode_tc blocks
+# Kernels that take dynamic shared memory on NVIDIA, and how much (attn_decode_tc's K/V rings;
+# their AMD build is empty and never launched).
+NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)}
+
+
+def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, platform: str,
+                          kv: KvFormat) -> str | None:  # fmt: skip
+    """The tensor-core decode attention for these heads (attn_decode_tc.hip: NVIDIA, a float16
+    cache, head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None."""
+    group = n_head // n_head_kv
+    fits = d == dv and d in (64, 128) and n_head % n_head_kv == 0
+    if platform != "cuda" or kv is not KvFormat.F16 or not fits:
+        return None
+    return f"attn_decode_tc{d}" if group <= constants()["TCD_MAX_GROUP"] else None
+
+
 ATT_MAX_D = constants()["LAYER_MAX_D"]  # largest head dimension of the attention kernels
 SAMPLE_THREADS = constants()["SMP_THREADS"]  # sample_rows' block size
 
@@ -162,6 +181,7 @@ class KernelLibrary:
         kernel = self.runtime.function(self._modules[mod_key], desc.function, signature)
         if desc.directory is None:  # forge's own kernels all start with FORGE_GRID_WAIT()
             kernel = replace(kernel, overlaps=True)
+        kernel = self._with_shared(kernel)
         self._kernels[key] = kernel
         return kernel
 
@@ -183,6 +203,12 @@ class KernelLibrary:
             binary = self.runtime.compile(load_source(source), source)
             self._modules[source] = self.runtime.load(binary)
         kernel = self.runtime.function(self._modules[source], name, signature)
-        kernel = replace(kernel, overlaps=True)
+        kernel = self._with_shared(replace(kernel, overlaps=True))
         self._kernels[name] = kernel
+        return kernel
+
+    def _with_shared(self, kernel: Kernel) -> Kernel:
+        """`kernel` with the dynamic shared memory it takes on this platform (NV_DYNAMIC_SHARED)."""
+        if self.runtime.platform == "cuda" and kernel.name in NV_DYNAMIC_SHARED:
+            return self.runtime.reserve_shared(kernel, NV_DYNAMIC_SHARED[kernel.name])
         return kernel

@@ -26,7 +26,7 @@ from forge_hip.invariance import products_for, warn_if_uncovered
 from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary
 from forge_hip.products import NORM_THREADS, Fused
 from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
-from forge_hip.workspace import PART_ROWS, ROWS_SPLITS, Workspace
+from forge_hip.workspace import PART_ROWS, Workspace
 
 MASK_BLOCKS = 8  # mask_logits blocks per row (a 262144-token row: 8192 words)
 
@@ -95,11 +95,7 @@ class Plan:
         s, ws, L = self.spec, self.ws, self.launch
         splits = max(1, min(splits, PART_ROWS // rows))
         if decode and self.tune.att_fill:
-            cus = self.lib.runtime.props.compute_units
-            fill = max(1, self.tune.att_fill * cus // (rows * self.attentions.decode_blocks()))
-            # one row, one block per query head: the 16 splits measured best for that kernel
-            per_head = rows == 1 and self.attentions.decode_group == 1
-            splits = min(splits, ROWS_SPLITS if per_head else fill)
+            splits = min(splits, self.attentions.decode_splits(kv, rows, self.tune.att_fill))
         res = [ws.x, ws.x2]  # the residual stream; a fused add_norm writes the other buffer
 
         def add_norm(o, w_post, w_next, first, count, fuse=True):

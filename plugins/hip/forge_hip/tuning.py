@@ -64,6 +64,7 @@ class Tuning:
     mmq_prefetch: bool
     mmq_blocks_per_cu: int
     att_fill: int
+    tc_decode: bool
     att_rows_max: int
     ap_fill: int
     gemm_tile_fill: int

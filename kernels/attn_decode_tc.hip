@@ -1,0 +1,272 @@
+// attn_decode_tc.hip: decode attention on tensor cores (NVIDIA) over a float16 paged cache.
+//
+// Each row r is one new token of its own sequence whose Q/K are already normed and rotated and
+// whose K/V are already in the cache (qk_rope_store). A block takes one KV head of one row over
+// one split of the row's positions: the G = H / Hkv query heads of that KV head are the rows of
+// m16n8k16 tiles (zero rows past G), so each cached K/V row is read once for all of them and
+// both products run on tensor cores. attention.hip's attn_decode keeps those heads in registers
+// and spends a warp's arithmetic per position: at depth it held a block to ~1 TB/s, with its
+// loads made asynchronous or not (benchmarks/gpu_notes.md).
+// Each warp streams its own tiles of TCD_BK keys (tile w, w + warps, ...) into a ring of
+// TCD_STAGES stages by cp.async, rows padded to D + 8 halves (ldmatrix without bank conflicts);
+// S = Q K^T, an online softmax in float32 with exp2, O += P V, Q and P rounded to float16 as
+// attn_prefill's tensor-core path and llama.cpp's f16 flash attention round them. The block's
+// warps merge in shared memory; with several splits each block writes its partial and the last
+// of a (row, KV head) to finish, found through an atomic counter (zero between launches), merges.
+//
+// Kernels attn_decode_tc64 / attn_decode_tc128 (D = Dv = 64 / 128): q [R, H, D] ->
+// out [R, H, D]; grid = (Hkv, R, max splits), block = TCD_THREADS, dynamic shared memory
+// TCD_SMEM_64 / TCD_SMEM_128. part_o [R H max splits, D], part_ml [.., 2], cnt [R H]; sinks [H]
+// or null (gpt-oss: one more softmax term of value zero); window > 0: the last `window`
+// positions only. On AMD the kernels are empty: the plan takes them on NVIDIA only.
+#include "forge_hip.h"
+
+#define TCD_NEG (-1.0e30f)
+#define TCD_LOG2E 1.4426950408889634f
+#define TCD_WARPS (TCD_THREADS / 32)
+
+struct TcdArgs {
+    const float* q;
+    const u16 *kc, *vc;
+    const i32 *bt, *btoff, *pos;
+    float *part_o, *part_ml;
+    u32* cnt;
+    float* out;
+    int H, Hkv, block_size;
+    float scale;
+    int window;
+    const float* sinks;
+};
+
+#if defined(FORGE_NV)
+// Copy tile positions [key0, key0 + TCD_BK) of KV head kvh (zeros past end) into a stage: K rows
+// then V rows, LD halves apart; each lane 2 D / 8 / 4 pieces of 16 bytes.
+template <int D, int LD>
+FORGE_DEV void tcd_issue(const TcdArgs& g, const i32* table, int kvh, int key0, int end, u16* stage,
+                         int lane) {
+    u16* vs = stage + TCD_BK * LD;
+#pragma unroll
+    for (int i = 0; i < TCD_BK * D / 8 / 32; ++i) {
+        const int idx = i * 32 + lane, row = idx / (D / 8), col = (idx % (D / 8)) * 8;
+        const int p = key0 + row;
+        const bool ok = p < end;
+        const i64 slot = ok ? (i64)table[p / g.block_size] * g.block_size + p % g.block_size : 0;
+        const i64 off = (slot * g.Hkv + kvh) * D + col;
+        cp_async16(stage + row * LD + col, g.kc + off, ok);
+        cp_async16(vs + row * LD + col, g.vc + off, ok);
+    }
+}
+
+template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag) {
+    constexpr int LD = D + 8, STAGE = 2 * TCD_BK * LD;
+    const int kvh = blockIdx.x, r = blockIdx.y, s = blockIdx.z, n_grid = gridDim.z;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = g.H / g.Hkv;
+    const int n_kv = g.pos[r] + 1;
+    const int lo = g.window > 0 && n_kv > g.window ? n_kv - g.window : 0, len = n_kv - lo;
+    int n_eff = (len + TCD_SPLIT_MIN - 1) / TCD_SPLIT_MIN;
+    n_eff = n_eff < 1 ? 1 : (n_eff > n_grid ? n_grid : n_eff);
+    if (s >= n_eff) return;
+    const int per = (len + n_eff - 1) / n_eff, begin = lo + s * per;
+    const int end = begin + per < n_kv ? begin + per : n_kv;
+    const i32* table = g.bt + g.btoff[r];
+    u16* ring = ring_all + warp * TCD_STAGES * STAGE;
+    // Q fragments, scaled by scale * log2(e): rows r0 = lane / 4 and r1 = r0 + 8 (heads of the
+    // group; zero past G), columns c, c + 1 (and + 8) of each 16-wide step.
+    const int r0 = lane / 4, r1 = r0 + 8, c = (lane % 4) * 2;
+    const float qs = g.scale * TCD_LOG2E;
+    const float* q0 = g.q + ((i64)r * g.H + kvh * G + r0) * D;
+    const float* q1 = g.q + ((i64)r * g.H + kvh * G + r1) * D;
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+        const int d = 16 * k + c;
+        qa[k][0] = r0 < G ? pack_h2(q0[d] * qs, q0[d + 1] * qs) : 0u;
+        qa[k][1] = r1 < G ? pack_h2(q1[d] * qs, q1[d + 1] * qs) : 0u;
+        qa[k][2] = r0 < G ? pack_h2(q0[d + 8] * qs, q0[d + 9] * qs) : 0u;
+        qa[k][3] = r1 < G ? pack_h2(q1[d + 8] * qs, q1[d + 9] * qs) : 0u;
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = TCD_NEG, m1 = TCD_NEG, l0 = 0.0f, l1 = 0.0f;
+    const int tiles = (end - begin + TCD_BK - 1) / TCD_BK;
+    const int mine = warp < tiles ? (tiles - warp + TCD_WARPS - 1) / TCD_WARPS : 0;
+#pragma unroll
+    for (int i = 0; i < TCD_STAGES - 1; ++i) {
+        if (i < mine)
+            tcd_issue<D, LD>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
+                             ring + i * STAGE, lane);
+        cp_async_commit();
+    }
+    const int mat = lane / 8, mr = lane % 8;  // the ldmatrix tile and row this lane addresses
+    for (int i = 0; i < mine; ++i) {
+        const int ahead = i + TCD_STAGES - 1;
+        if (ahead < mine)
+            tcd_issue<D, LD>(g, table, kvh, begin + (warp + ahead * TCD_WARPS) * TCD_BK, end,
+                             ring + (ahead % TCD_STAGES) * STAGE, lane);
+        cp_async_commit();
+        cp_async_wait<TCD_STAGES - 1>();
+        __syncwarp();
+        const u16* ks = ring + (i % TCD_STAGES) * STAGE;
+        const u16* vs = ks + TCD_BK * LD;
+        // S (16 heads x 16 keys): tiles of keys 0-7 and 8-15, each from two 8 x 8 ldmatrix tiles
+        float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) {
+            u32 b[4];
+            ldsm_x4(ks + ((mat / 2) * 8 + mr) * LD + 16 * k + (mat % 2) * 8, b);
+            mma_f16(sc[0], qa[k], b[0], b[1]);
+            mma_f16(sc[1], qa[k], b[2], b[3]);
+        }
+        const int key0 = begin + (warp + i * TCD_WARPS) * TCD_BK;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (key0 + nt * 8 + c + (e & 1) >= end) sc[nt][e] = TCD_NEG;
+            }
+        }
+        float x0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        float x1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+        x0 = fmaxf(x0, shfl_xor(x0, 1));
+        x0 = fmaxf(x0, shfl_xor(x0, 2));
+        x1 = fmaxf(x1, shfl_xor(x1, 1));
+        x1 = fmaxf(x1, shfl_xor(x1, 2));
+        const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+        const float f0 = exp2f(m0 - n0), f1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float p[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            p[nt][0] = exp2f(sc[nt][0] - n0);
+            p[nt][1] = exp2f(sc[nt][1] - n0);
+            p[nt][2] = exp2f(sc[nt][2] - n1);
+            p[nt][3] = exp2f(sc[nt][3] - n1);
+        }
+        l0 = l0 * f0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+        l1 = l1 * f1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            o[j][0] *= f0;
+            o[j][1] *= f0;
+            o[j][2] *= f1;
+            o[j][3] *= f1;
+        }
+        // P as the A tile of O += P V (the S fragments' layout is the A fragments')
+        const u32 pa[4] = {pack_h2(p[0][0], p[0][1]), pack_h2(p[0][2], p[0][3]),
+                           pack_h2(p[1][0], p[1][1]), pack_h2(p[1][2], p[1][3])};
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+            u32 b[4];
+            ldsm_x4_t(vs + ((mat % 2) * 8 + mr) * LD + 16 * j + (mat / 2) * 8, b);
+            mma_f16(o[2 * j], pa, b[0], b[1]);
+            mma_f16(o[2 * j + 1], pa, b[2], b[3]);
+        }
+        __syncwarp();  // the stage is read before a later round's copies reuse it
+    }
+    cp_async_wait<0>();
+    l0 += shfl_xor(l0, 1);
+    l0 += shfl_xor(l0, 2);
+    l1 += shfl_xor(l1, 1);
+    l1 += shfl_xor(l1, 2);
+    __syncthreads();  // every warp is done with its ring: the shared memory now holds the merge
+    float* wo = (float*)ring_all;  // [warps][16][D]
+    float* wml = wo + TCD_WARPS * 16 * D;  // [warps][16][2]
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+        const int d = 8 * j + c;
+        wo[(warp * 16 + r0) * D + d] = o[j][0];
+        wo[(warp * 16 + r0) * D + d + 1] = o[j][1];
+        wo[(warp * 16 + r1) * D + d] = o[j][2];
+        wo[(warp * 16 + r1) * D + d + 1] = o[j][3];
+    }
+    if (lane % 4 == 0) {
+        wml[2 * (warp * 16 + r0)] = m0;
+        wml[2 * (warp * 16 + r0) + 1] = l0;
+        wml[2 * (warp * 16 + r1)] = m1;
+        wml[2 * (warp * 16 + r1) + 1] = l1;
+    }
+    __syncthreads();
+    const i64 rh0 = (i64)r * g.H + kvh * G;  // (row, first head of the group)
+    for (int t = threadIdx.x; t < G * D; t += blockDim.x) {
+        const int row = t / D, d = t % D;
+        float mx = TCD_NEG;
+#pragma unroll
+        for (int w = 0; w < TCD_WARPS; ++w) mx = fmaxf(mx, wml[2 * (w * 16 + row)]);
+        float acc = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < TCD_WARPS; ++w) {
+            const float f = exp2f(wml[2 * (w * 16 + row)] - mx);
+            acc += wo[(w * 16 + row) * D + d] * f;
+            l += wml[2 * (w * 16 + row) + 1] * f;
+        }
+        const i64 rh = rh0 + row;
+        if (n_eff == 1) {
+            const float sink = g.sinks ? g.sinks[kvh * G + row] * TCD_LOG2E : TCD_NEG;
+            const float gm = fmaxf(mx, sink), f = exp2f(mx - gm);
+            g.out[rh * D + d] = acc * f / (l * f + (g.sinks ? exp2f(sink - gm) : 0.0f));
+        } else {
+            const i64 part = rh * n_grid + s;
+            g.part_o[part * D + d] = acc;
+            if (d == 0) {
+                g.part_ml[2 * part] = mx;
+                g.part_ml[2 * part + 1] = l;
+            }
+        }
+    }
+    if (n_eff == 1) return;
+    __threadfence();  // the partial is visible device-wide before the counter says so
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = atomicAdd(g.cnt + rh0, 1u) == (u32)(n_eff - 1);
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    for (int t = threadIdx.x; t < G * D; t += blockDim.x) {
+        const int row = t / D, d = t % D;
+        const i64 rh = rh0 + row;
+        const float* pm = g.part_ml + 2 * rh * n_grid;
+        const float sink = g.sinks ? g.sinks[kvh * G + row] * TCD_LOG2E : TCD_NEG;
+        float gm = sink;
+        for (int i = 0; i < n_eff; ++i) gm = fmaxf(gm, ld_coherent(pm + 2 * i));
+        float acc = 0.0f, l = g.sinks ? exp2f(sink - gm) : 0.0f;
+        for (int i = 0; i < n_eff; ++i) {
+            const float f = exp2f(ld_coherent(pm + 2 * i) - gm);
+            acc += ld_coherent(g.part_o + (rh * n_grid + i) * D + d) * f;
+            l += ld_coherent(pm + 2 * i + 1) * f;
+        }
+        g.out[rh * D + d] = acc / l;
+    }
+    if (threadIdx.x == 0) g.cnt[rh0] = 0u;  // every block of this (row, KV head) has counted
+}
+#endif
+
+#define TCD_PARAMS                                                                              \
+    const float *__restrict__ q, const void *kc, const void *vc, const i32 *__restrict__ bt,    \
+        const i32 *__restrict__ btoff, const i32 *__restrict__ pos, float *part_o,             \
+        float *part_ml, u32 *cnt, float *out, int H, int Hkv, int block_size, float scale,     \
+        int window, const float *sinks
+#if defined(FORGE_NV)
+#define TCD_KERNEL_BODY(D)                                                                      \
+    extern __shared__ __align__(16) u16 tcd_ring[];                                             \
+    __shared__ int flag;                                                                        \
+    const TcdArgs g = {q, (const u16*)kc, (const u16*)vc, bt, btoff, pos, part_o, part_ml, cnt, \
+                       out, H, Hkv, block_size, scale, window, sinks};                          \
+    tcd_body<D>(g, tcd_ring, &flag);
+#else
+#define TCD_KERNEL_BODY(D)                                                                      \
+    (void)q, (void)kc, (void)vc, (void)bt, (void)btoff, (void)pos, (void)part_o, (void)part_ml; \
+    (void)cnt, (void)out, (void)H, (void)Hkv, (void)block_size, (void)scale, (void)window;      \
+    (void)sinks;
+#endif
+
+FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64(TCD_PARAMS) {
+    FORGE_GRID_WAIT();
+    TCD_KERNEL_BODY(64)
+}
+FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc128(TCD_PARAMS) {
+    FORGE_GRID_WAIT();
+    TCD_KERNEL_BODY(128)
+}
+#undef TCD_KERNEL_BODY
+#undef TCD_PARAMS

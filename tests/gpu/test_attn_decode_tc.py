@@ -1,0 +1,53 @@
+"""attn_decode_tc.hip (decode attention on tensor cores, float16 cache): each row's query over
+its cached positions against a float64 reference, within what rounding Q and P to float16 costs,
+across head sizes, groups of query heads, windows, sinks and splits (the last block's merge)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from forge_hip.library import TCD_THREADS, attn_decode_tc_kernel
+
+from forge.kv_cache import KvFormat
+from tests.gpu.test_attention import BS, Case, attention_ref
+from tests.support.gpu_helpers import rel_err
+
+F16 = KvFormat.F16
+
+CASES = [
+    # H, KVH, D, positions, window, splits, sinks
+    (32, 8, 128, [0, 129, 3000], 0, 32, False),  # Llama-3-8B's heads, the first position too
+    (32, 8, 128, [5000, 4097], 0, 2, False),  # long splits: a warp's ring wraps many times
+    (4, 1, 128, [700, 3, 128], 0, 16, False),  # one KV head (Gemma-like group of 4)
+    (4, 1, 128, [700, 40], 512, 16, False),  # a sliding window
+    (8, 2, 64, [5, 300, 4100], 0, 8, True),  # gpt-oss-like: sinks through the merge
+    (8, 2, 64, [40, 300], 128, 8, True),  # ... a window and sinks
+    (4, 4, 128, [50, 1000], 0, 1, False),  # one head a KV head, one split: no merge
+    (64, 4, 64, [2000], 0, 16, False),  # 16 query heads a KV head: a full tile
+    (12, 4, 64, [333, 17], 0, 4, True),  # 3 a KV head, tiles cut short at the end
+]
+
+
+@pytest.mark.parametrize("H,KVH,D,positions,window,splits,sunk", CASES)
+def test_tensor_core_decode_matches_float64(rt, lib, dev, H, KVH, D, positions, window, splits,
+                                            sunk):  # fmt: skip
+    if rt.platform != "cuda":
+        pytest.skip("attn_decode_tc runs on NVIDIA only")
+    rng = np.random.default_rng(H * 131 + positions[0])
+    c = Case(rng, H, KVH, D, D, positions, F16)
+    b = c.buffers(dev, splits)
+    scale = D**-0.5
+    sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if sunk else None
+    name = attn_decode_tc_kernel(D, D, H, KVH, rt.platform, F16)
+    args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
+            b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, scale, window,
+            dev.put(sinks) if sunk else 0]  # fmt: skip
+    R = len(positions)
+    for _ in range(2):  # twice: the split counters are back at zero after a launch
+        rt.launch(lib.get(name), (KVH, R, splits), (TCD_THREADS,), args)
+        got = dev.get(b["out"], (R, H, D))
+        for r in range(R):
+            k, v = c.cache_view(r, c.kc, c.vc)
+            want = attention_ref(c.q[r], k, v, scale, window, sinks)
+            assert rel_err(got[r], want) < 2e-3, r
+    assert not dev.get(b["cnt"], (R * H,), np.uint32).any()
