@@ -6,7 +6,8 @@ length and most splits. Default heads: Llama-3-8B's (32 query heads, 8 KV heads 
   python benchmarks/attn_decode_probe.py [--heads 32 8 128] [--positions 4096 32768]
       [--splits 16 64] [--formats f16 q8_0] [--dirs new=kernels old=DIR] [--out DIR]
 
---dirs compares kernel sources (an A/B of attention.hip): label=directory each.
+--dirs compares kernel sources (an A/B of attention.hip): label=directory each. --tc adds
+attn_decode_tc (tensor cores) for the float16 cache.
 
 Prints one JSON line per case and the device's copy bandwidth (a 2 GiB device-to-device copy),
 the floor a launch is measured against.
@@ -29,10 +30,12 @@ from forge_hip.contract import kernel_signatures  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS, row_bytes  # noqa: E402
 from forge_hip.library import (  # noqa: E402
     ATT_THREADS,
+    TCD_THREADS,
     HipKernel,
     KernelLibrary,
     attn_decode_blocks,
     attn_decode_kernel,
+    attn_decode_tc_kernel,
 )
 from forge_hip.runtime import open_runtime  # noqa: E402
 
@@ -64,6 +67,22 @@ def kernel(lib, name: str, directory: str):
     source, sig = kernel_signatures(str(Path(directory).resolve()))[name]
     return replace(lib.resolve(HipKernel(source, name, sig, str(Path(directory).resolve()))),
                    overlaps=True)  # fmt: skip
+
+
+def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n: int) -> dict:
+    """attn_decode_tc (tensor cores, float16 cache; its queries already rotated, as after
+    qk_rope_store) on the same kind of case."""
+    H, KVH, D = heads
+    c = Case(np.random.default_rng(0), H, KVH, D, D, [position], KvFormat.F16)
+    b = c.buffers(dev, splits)
+    name = attn_decode_tc_kernel(D, D, H, KVH, rt.platform, KvFormat.F16)
+    args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
+            b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
+    launch = (kernel(lib, name, directory), (KVH, 1, splits), (TCD_THREADS,), args)
+    us = chain_us(rt, rt.stream(), launch, n)
+    kv_bytes = 2 * position * KVH * row_bytes(KvFormat.F16, D)
+    return {"kernel": name, "format": "f16", "positions": position, "splits": splits,
+            "us": round(us, 2), "GB/s": round(kv_bytes / us / 1e3, 1)}  # fmt: skip
 
 
 def probe(rt, lib, dev, directory: str, heads, position: int, splits: int, fmt: KvFormat,
@@ -100,6 +119,7 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--dirs", nargs="+", default=[f"new={ROOT / 'kernels'}"])
     ap.add_argument("--grouped-only", action="store_true", help="leave out the per-head kernel")
+    ap.add_argument("--tc", action="store_true", help="also attn_decode_tc (float16 cache)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rt = open_runtime()
@@ -115,6 +135,12 @@ def main() -> int:
                         dev = Dev(rt)
                         r = probe(rt, lib, dev, directory, a.heads, p, splits, fmt, grouped,
                                   a.launches)  # fmt: skip
+                        dev.free()
+                        results.append({"kernels": label, **r})
+                        print(json.dumps(results[-1]), flush=True)
+                    if a.tc and fmt is KvFormat.F16:
+                        dev = Dev(rt)
+                        r = probe_tc(rt, lib, dev, directory, a.heads, p, splits, a.launches)
                         dev.free()
                         results.append({"kernels": label, **r})
                         print(json.dumps(results[-1]), flush=True)
