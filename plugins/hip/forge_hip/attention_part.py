@@ -4,11 +4,10 @@ output product (its bias when the model has one).
 Decode steps run one fused launch (attention.hip's attn_decode: Q/K norm and RoPE, the KV
 store, split attention and its merge), or (tuning knob `tc_decode`, NVIDIA, float16 cache)
 qk_rope_store then attn_decode_tc.hip (a KV head's query heads as the rows of tensor-core
-tiles); other passes run
-qk_rope_store, then attn_prefill.hip (many rows) or attn_rows. RoPE reads a per-layer frequency
-table for YaRN and Llama 3.1 scaling (`forge.models.rope`'s frequencies, uploaded once into
-ws.rope_freqs) and the base^(-2i/n) formula otherwise; gpt-oss's attention sinks join the
-softmax in every attention kernel.
+tiles); other passes run qk_rope_store, then attn_prefill.hip (many rows) or attn_rows. RoPE
+reads a per-layer frequency table for YaRN and Llama 3.1 scaling (`forge.models.rope`'s
+frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n) formula otherwise;
+gpt-oss's attention sinks join the softmax in every attention kernel.
 """
 
 from __future__ import annotations
