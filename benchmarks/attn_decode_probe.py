@@ -75,7 +75,7 @@ def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n:
     H, KVH, D = heads
     c = Case(np.random.default_rng(0), H, KVH, D, D, [position], KvFormat.F16)
     b = c.buffers(dev, splits)
-    name = attn_decode_tc_kernel(D, D, H, KVH, rt.platform, KvFormat.F16)
+    name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, KvFormat.F16)
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
     launch = (kernel(lib, name, directory), (KVH, 1, splits), (TCD_THREADS,), args)

@@ -40,7 +40,7 @@ struct TcdArgs {
 
 #if defined(FORGE_NV)
 // Copy tile positions [key0, key0 + TCD_BK) of KV head kvh (zeros past end) into a stage: K rows
-// then V rows, LD halves apart; each lane 2 D / 8 / 4 pieces of 16 bytes.
+// then V rows, LD halves apart; each lane D / 16 pieces of 16 bytes of each.
 template <int D, int LD>
 FORGE_DEV void tcd_issue(const TcdArgs& g, const i32* table, int kvh, int key0, int end, u16* stage,
                          int lane) {
@@ -61,6 +61,8 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
     constexpr int LD = D + 8, STAGE = 2 * TCD_BK * LD;
     const int kvh = blockIdx.x, r = blockIdx.y, s = blockIdx.z, n_grid = gridDim.z;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = g.H / g.Hkv;
+    // The split rule of attention.hip's att_split (without its short splits for few blocks:
+    // this kernel's blocks are few only at lengths where one split is enough).
     const int n_kv = g.pos[r] + 1;
     const int lo = g.window > 0 && n_kv > g.window ? n_kv - g.window : 0, len = n_kv - lo;
     int n_eff = (len + TCD_SPLIT_MIN - 1) / TCD_SPLIT_MIN;
@@ -206,7 +208,7 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
             const float sink = g.sinks ? g.sinks[kvh * G + row] * TCD_LOG2E : TCD_NEG;
             const float gm = fmaxf(mx, sink), f = exp2f(mx - gm);
             g.out[rh * D + d] = acc * f / (l * f + (g.sinks ? exp2f(sink - gm) : 0.0f));
-        } else {
+        } else {  // (maxima in log2 units: only this kernel merges its partials)
             const i64 part = rh * n_grid + s;
             g.part_o[part * D + d] = acc;
             if (d == 0) {

@@ -31,14 +31,14 @@ CASES = [
 @pytest.mark.parametrize("H,KVH,D,positions,window,splits,sunk", CASES)
 def test_tensor_core_decode_matches_float64(rt, lib, dev, H, KVH, D, positions, window, splits,
                                             sunk):  # fmt: skip
-    if rt.platform != "cuda":
-        pytest.skip("attn_decode_tc runs on NVIDIA only")
+    if rt.props.arch != "sm_90":
+        pytest.skip("attn_decode_tc runs on NVIDIA sm_90 only")
     rng = np.random.default_rng(H * 131 + positions[0])
     c = Case(rng, H, KVH, D, D, positions, F16)
     b = c.buffers(dev, splits)
     scale = D**-0.5
     sinks = (3.0 * rng.standard_normal(H)).astype(np.float32) if sunk else None
-    name = attn_decode_tc_kernel(D, D, H, KVH, rt.platform, F16)
+    name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, F16)
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, scale, window,
             dev.put(sinks) if sunk else 0]  # fmt: skip

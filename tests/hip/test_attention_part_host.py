@@ -136,14 +136,16 @@ def test_the_plan_groups_only_shared_kv_heads():
 
 def test_tensor_core_decode_only_where_it_applies():
     f16, q8 = KvFormat.F16, KvFormat.Q8_0
-    assert attn_decode_tc_kernel(128, 128, 32, 8, "cuda", f16) == "attn_decode_tc128"
-    assert attn_decode_tc_kernel(64, 64, 64, 8, "cuda", f16) == "attn_decode_tc64"
-    assert attn_decode_tc_kernel(64, 64, 8, 8, "cuda", f16) == "attn_decode_tc64"  # one a KV head
-    assert attn_decode_tc_kernel(128, 128, 32, 8, "rocm", f16) is None  # NVIDIA only
-    assert attn_decode_tc_kernel(128, 128, 32, 8, "cuda", q8) is None  # float16 caches only
-    assert attn_decode_tc_kernel(256, 256, 4, 1, "cuda", f16) is None  # heads of 64 or 128
-    assert attn_decode_tc_kernel(128, 64, 32, 8, "cuda", f16) is None  # D == Dv
-    assert attn_decode_tc_kernel(64, 64, 64, 2, "cuda", f16) is None  # at most 16 a KV head
+    h100 = "sm_90"
+    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, f16) == "attn_decode_tc128"
+    assert attn_decode_tc_kernel(64, 64, 64, 8, h100, f16) == "attn_decode_tc64"
+    assert attn_decode_tc_kernel(64, 64, 8, 8, h100, f16) == "attn_decode_tc64"  # one a KV head
+    assert attn_decode_tc_kernel(128, 128, 32, 8, "gfx942", f16) is None  # NVIDIA sm_90 only
+    assert attn_decode_tc_kernel(128, 128, 32, 8, "sm_89", f16) is None  # 100 KB a block
+    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, q8) is None  # float16 caches only
+    assert attn_decode_tc_kernel(256, 256, 4, 1, h100, f16) is None  # heads of 64 or 128
+    assert attn_decode_tc_kernel(128, 64, 32, 8, h100, f16) is None  # D == Dv
+    assert attn_decode_tc_kernel(64, 64, 64, 2, h100, f16) is None  # at most 16 a KV head
 
 
 class NvidiaFake(FakeRuntime):
@@ -176,6 +178,7 @@ def _check_decode_launches(golden_dir, knob: bool) -> None:
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
     runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.arange(1), "last")])
     rt.launches.clear()
+    rt.shared.clear()
     runner.forward([SeqBatch(np.array([5], np.int32), 3, np.arange(1), "last")])
     names = [n for n, _, _ in rt.launches if n.startswith(("qk_rope", "attn"))]
     s = runner.spec
@@ -183,10 +186,11 @@ def _check_decode_launches(golden_dir, knob: bool) -> None:
         assert names == ["attn_decode_w64_g4"] * s.n_layer
         return
     assert names == ["qk_rope_store", "attn_decode_tc64"] * s.n_layer
-    grids = {g for n, g, _ in rt.launches if n == "attn_decode_tc64"}
-    want = min(runner.splits, 2 * rt.props.compute_units // s.n_head_kv)
-    assert grids == {(s.n_head_kv, 1, want)}
-    assert runner.plan.lib.get("attn_decode_tc64").shared == constants()["TCD_SMEM_64"]
+    tc = [i for i, (n, _, _) in enumerate(rt.launches) if n == "attn_decode_tc64"]
+    fill = runner.tune.att_fill
+    want = min(runner.splits, 2 * fill * rt.props.compute_units // s.n_head_kv)
+    assert {rt.launches[i][1] for i in tc} == {(s.n_head_kv, 1, want)}
+    assert {rt.shared[i] for i in tc} == {constants()["TCD_SMEM_64"]}
 
 
 @pytest.mark.parametrize("name,blocks", [("gpt-oss-q8_0.gguf", 2), ("qwen3-q8_0.gguf", 2),

@@ -24,6 +24,7 @@ class FakeRuntime:
         self.launches, self.capturing, self.replays = [], False, 0
         self.launch_args: list[tuple[str, list[int]]] = []
         self.blocks: list[tuple[int, ...]] = []
+        self.shared: list[int] = []  # each launch's dynamic shared memory
         self.bound_threads: list[int] = []
 
     def bind(self):
@@ -89,11 +90,12 @@ class FakeRuntime:
                 or any(name.startswith(p) for p in pasted)), name  # fmt: skip
         return Kernel(None, name, signature)
 
-    def launch(self, kernel, grid, block, args, shared=0, stream=None, overlap=False):
+    def launch(self, kernel, grid, block, args, shared=None, stream=None, overlap=False):
         ArgPack(kernel.signature, args)  # raises on a wrong argument count or type
         assert overlap == (self.capturing and kernel.overlaps)  # only graph launches overlap
         assert all(int(g) >= 1 for g in grid) and int(block[0]) <= 1024
         self.launches.append((kernel.name, tuple(grid), self.capturing))
+        self.shared.append(kernel.shared if shared is None else shared)  # as the runtimes do
         self.blocks.append(tuple(block))
         self.launch_args.append((kernel.name, [int(getattr(a, "ptr", a)) for a in args]))
 

@@ -94,14 +94,11 @@ class Attentions:
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
         and it applies (NVIDIA, float16; `attn_decode_tc_kernel`), else None (attn_decode)."""
         if kv.format not in self._tc_kernels:
-            s, platform = self.spec, self.lib.runtime.platform
-            name = (
-                self._builtin
-                and self.products.tune.tc_decode
-                and attn_decode_tc_kernel(
-                    s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv, platform, kv.format
-                )
-            )
+            s, name = self.spec, None
+            if self._builtin and self.products.tune.tc_decode:
+                arch = self.lib.runtime.props.arch
+                name = attn_decode_tc_kernel(s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv,
+                                             arch, kv.format)  # fmt: skip
             self._tc_kernels[kv.format] = self.lib.get(name) if name else None
         return self._tc_kernels[kv.format]
 

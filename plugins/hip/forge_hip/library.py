@@ -145,13 +145,16 @@ TCD_THREADS = constants()["TCD_THREADS"]  # attn_decode_tc blocks
 NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)}
 
 
-def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, platform: str,
+def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: str,
                           kv: KvFormat) -> str | None:  # fmt: skip
-    """The tensor-core decode attention for these heads (attn_decode_tc.hip: NVIDIA, a float16
-    cache, head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None."""
+    """The tensor-core decode attention for these heads (attn_decode_tc.hip: a float16 cache,
+    head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None. Only on
+    sm_90 (H100/H200), where it was measured: its 104 KB of shared memory for heads of 128 do
+    not fit a block of sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two the plan's
+    splits count on."""
     group = n_head // n_head_kv
     fits = d == dv and d in (64, 128) and n_head % n_head_kv == 0
-    if platform != "cuda" or kv is not KvFormat.F16 or not fits:
+    if arch != "sm_90" or kv is not KvFormat.F16 or not fits:
         return None
     return f"attn_decode_tc{d}" if group <= constants()["TCD_MAX_GROUP"] else None
 
