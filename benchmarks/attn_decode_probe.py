@@ -79,10 +79,17 @@ def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n:
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
     launch = (kernel(lib, name, directory), (KVH, 1, splits), (TCD_THREADS,), args)
+    return timed(rt, launch, n, KvFormat.F16, heads, position, splits)
+
+
+def timed(rt, launch, n: int, fmt: KvFormat, heads, position: int, splits: int) -> dict:
+    """One case's line: microseconds per launch (`chain_us`) and the K/V bytes read per second."""
+    _, KVH, D = heads
     us = chain_us(rt, rt.stream(), launch, n)
-    kv_bytes = 2 * position * KVH * row_bytes(KvFormat.F16, D)
-    return {"kernel": name, "format": "f16", "positions": position, "splits": splits,
-            "us": round(us, 2), "GB/s": round(kv_bytes / us / 1e3, 1)}  # fmt: skip
+    kv_bytes = 2 * position * KVH * row_bytes(fmt, D)
+    return {"kernel": launch[0].name, "format": fmt.value, "positions": position,
+            "splits": splits, "us": round(us, 2),
+            "GB/s": round(kv_bytes / us / 1e3, 1)}  # fmt: skip
 
 
 def probe(rt, lib, dev, directory: str, heads, position: int, splits: int, fmt: KvFormat,
@@ -104,10 +111,7 @@ def probe(rt, lib, dev, directory: str, heads, position: int, splits: int, fmt: 
         (ATT_THREADS,),
         args,
     )
-    us = chain_us(rt, rt.stream(), launch, n)
-    kv_bytes = 2 * position * KVH * row_bytes(fmt, D)
-    return {"kernel": name, "format": fmt.value, "positions": position, "splits": splits,
-            "us": round(us, 2), "GB/s": round(kv_bytes / us / 1e3, 1)}  # fmt: skip
+    return timed(rt, launch, n, fmt, heads, position, splits)
 
 
 def main() -> int:
@@ -127,23 +131,22 @@ def main() -> int:
     results = [{"copy GB/s": round(copy_bandwidth(rt) / 1e9, 1)}]
     print(json.dumps(results[0]), flush=True)
     kinds = (True,) if a.grouped_only else (False, True)
+
+    def record(label: str, run, *args) -> None:  # noqa: ANN001 - probe or probe_tc
+        dev = Dev(rt)
+        results.append({"kernels": label, **run(rt, lib, dev, *args)})
+        dev.free()
+        print(json.dumps(results[-1]), flush=True)
+
     for label, directory in (d.split("=", 1) for d in a.dirs):
         for fmt in map(KvFormat, a.formats):
             for p in a.positions:
                 for splits in a.splits:
                     for grouped in kinds:
-                        dev = Dev(rt)
-                        r = probe(rt, lib, dev, directory, a.heads, p, splits, fmt, grouped,
-                                  a.launches)  # fmt: skip
-                        dev.free()
-                        results.append({"kernels": label, **r})
-                        print(json.dumps(results[-1]), flush=True)
+                        record(label, probe, directory, a.heads, p, splits, fmt, grouped,
+                               a.launches)  # fmt: skip
                     if a.tc and fmt is KvFormat.F16:
-                        dev = Dev(rt)
-                        r = probe_tc(rt, lib, dev, directory, a.heads, p, splits, a.launches)
-                        dev.free()
-                        results.append({"kernels": label, **r})
-                        print(json.dumps(results[-1]), flush=True)
+                        record(label, probe_tc, directory, a.heads, p, splits, a.launches)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "attn_probe.json").write_text(json.dumps(results, indent=1))

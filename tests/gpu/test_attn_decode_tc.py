@@ -9,8 +9,7 @@ import pytest
 from forge_hip.library import TCD_THREADS, attn_decode_tc_kernel
 
 from forge.kv_cache import KvFormat
-from tests.gpu.test_attention import BS, Case, attention_ref
-from tests.support.gpu_helpers import rel_err
+from tests.gpu.test_attention import BS, Case, check_twice_against_float64
 
 F16 = KvFormat.F16
 
@@ -42,12 +41,5 @@ def test_tensor_core_decode_matches_float64(rt, lib, dev, H, KVH, D, positions, 
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, scale, window,
             dev.put(sinks) if sunk else 0]  # fmt: skip
-    R = len(positions)
-    for _ in range(2):  # twice: the split counters are back at zero after a launch
-        rt.launch(lib.get(name), (KVH, R, splits), (TCD_THREADS,), args)
-        got = dev.get(b["out"], (R, H, D))
-        for r in range(R):
-            k, v = c.cache_view(r, c.kc, c.vc)
-            want = attention_ref(c.q[r], k, v, scale, window, sinks)
-            assert rel_err(got[r], want) < 2e-3, r
-    assert not dev.get(b["cnt"], (R * H,), np.uint32).any()
+    launch = (lib.get(name), (KVH, len(positions), splits), (TCD_THREADS,), args)
+    check_twice_against_float64(rt, dev, launch, c, b, scale, window, sinks, 2e-3)
