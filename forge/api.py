@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from forge.backend import Runner, SeqBatch, forward_in_chunks, kv_type_args, option_args
+from forge.backend import (
+    PREFILL_CHUNK,
+    Runner,
+    SeqBatch,
+    forward_in_chunks,
+    kv_type_args,
+    option_args,
+)
 from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
@@ -24,7 +31,7 @@ from forge.kv_cache import KvTypes
 from forge.kv_pools import KvPools
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
-from forge.scheduler import PREFILL_CHUNK, Finished, Scheduler
+from forge.scheduler import Finished, Scheduler
 from forge.sharding import tensor_parallel_args
 from forge.tokenizer import Tokenizer, render_chat, resolve_chat_template, tokenizer_from_metadata
 
@@ -79,7 +86,9 @@ class Model:
         windows = ()
         if getattr(runner, "windowed_kv", False):
             windows = {w for w in (ls.sliding_window for ls in spec.layers) if w and w < n_ctx}
-        self.kv = KvPools(n_ctx, BLOCK_SIZE, tuple(windows), max_seqs, PREFILL_CHUNK)
+        # prompt tokens a pass takes (the runner's choice): the engine's and `logits`' pieces
+        self.prefill_chunk = getattr(runner, "prefill_chunk", PREFILL_CHUNK)
+        self.kv = KvPools(n_ctx, BLOCK_SIZE, tuple(windows), max_seqs, self.prefill_chunk)
         self.allocator = self.kv.full  # the pool of the layers that see every position
         if self.kv.windows:
             runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE, self.kv.window_blocks())
@@ -124,7 +133,7 @@ class Model:
         ids = self._check_ids(ids)
         table = self.kv.table()
         try:
-            rows = list(forward_in_chunks(self.runner, table, ids, 0, PREFILL_CHUNK))
+            rows = list(forward_in_chunks(self.runner, table, ids, 0, self.prefill_chunk))
             return np.concatenate(rows).astype(np.float32, copy=False)
         finally:
             table.release()
@@ -237,7 +246,7 @@ class Model:
 
     def _run(self, state: SequenceState) -> Iterator[str]:
         """The sequence's text pieces, run on the scheduler's step loop in this thread (a
-        scheduler of its own: prefill in PREFILL_CHUNK pieces, then decode steps, started ahead
+        scheduler of its own: prefill in `prefill_chunk` pieces, then decode steps, started ahead
         on a runner that feeds its picks; generators advanced in turn stay independent)."""
         t0 = time.perf_counter()
         t1 = None

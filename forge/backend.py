@@ -172,10 +172,19 @@ def sample_host(logits: np.ndarray, pick: DeviceSampling) -> int:
     return int(i if ids is None else ids[i])
 
 
+# Prompt tokens per pass unless a runner says otherwise (`Runner.prefill_chunk`): a long prompt
+# runs in pieces, so decoding sequences beside it are not stalled for its whole length.
+PREFILL_CHUNK = 256
+
+
 class Runner(ABC):
     """A model placed on its device(s), ready to run forward passes."""
 
     spec: ModelSpec
+    # Prompt tokens a pass takes at once: the piece a long prompt runs in (engine, `Model.logits`,
+    # `forge bench`). Larger pieces read the weights fewer times; a runner whose passes take more
+    # rows says so.
+    prefill_chunk: ClassVar[int] = PREFILL_CHUNK
     # True when `forward_sample` picks on the device (only token ids come back); the engine
     # then uses it for every sequence whose chain `DeviceSampling` can express.
     samples_on_device: ClassVar[bool] = False

@@ -24,6 +24,7 @@ class BenchRow:
     backend: str
     n_threads: int | None  # CPU backends
     device: str | None  # GPU backends: the device's name
+    n_ubatch: int  # prompt tokens a pass took (pp tests)
     n_prompt: int
     n_gen: int
     n_depth: int

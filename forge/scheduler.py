@@ -39,16 +39,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forge.backend import DeviceSampling, SeqBatch
+from forge.backend import PREFILL_CHUNK, DeviceSampling, SeqBatch
 from forge.errors import ForgeError, ForgeRuntimeError, OutOfMemoryError
 from forge.generation import SequenceState, TokenEvent
 from forge.kv_pools import SeqBlocks
 
 log = logging.getLogger("forge.scheduler")
 
-# Prompt tokens per step, over all prefilling sequences (also the chunk of `Model.logits`): a
-# long prompt runs in pieces, so decoding sequences beside it are not stalled for its whole length.
-PREFILL_CHUNK = 256
 _FED_PLACEHOLDER = np.zeros(1, np.int32)  # the token of a sequence fed on the device
 _FED_PLACEHOLDER.flags.writeable = False
 
@@ -126,10 +123,14 @@ class Scheduler:
     """Runs `model`'s sequences in batches on a background thread (call `start()` first)."""
 
     def __init__(self, model, *, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK,
+                 prefill_chunk: int | None = None,
                  on_step: Callable[[], None] | None = None):  # fmt: skip
-        """`on_step`: called on the scheduler thread after each step's tokens were handed to
-        their callbacks, while the next step computes (a place to pass them on in bulk)."""
+        """`prefill_chunk`: prompt tokens a step takes, over all prefilling sequences (default:
+        the model's, its runner's `prefill_chunk`). `on_step`: called on the scheduler thread
+        after each step's tokens were handed to their callbacks, while the next step computes (a
+        place to pass them on in bulk)."""
+        if prefill_chunk is None:
+            prefill_chunk = getattr(model, "prefill_chunk", PREFILL_CHUNK)
         if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
         self.model = model

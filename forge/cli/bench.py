@@ -2,7 +2,8 @@
 
 ``-p 128,512 -n 32,128`` run one prompt-processing test per -p value and one generation test
 per -n value (0 skips that kind), each ``-r`` times, after ``-d`` tokens already cached (a comma
-list too); ``-o md|csv|json|jsonl`` picks the output.
+list too); prompts run in pieces of ``-ub`` tokens (default: the backend's); ``-o
+md|csv|json|jsonl`` picks the output.
 """
 
 from __future__ import annotations
@@ -53,13 +54,21 @@ def add_parser(subparsers: Any) -> None:
         metavar="N[,N...]",
         help="tokens already in the cache before each test (default 0), as llama-bench's -d",
     )
+    p.add_argument(
+        "-ub",
+        "--ubatch-size",
+        type=int,
+        metavar="N",
+        help="prompt tokens a pass takes in the pp tests (default: the backend's prompt piece, "
+        "also its most), as llama-bench's -ub",
+    )
     p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs of each test")
     p.add_argument("-o", "--output", choices=FORMATS, default="md", help="output format")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
 
 
 def bench(args: Any, ctx: Any) -> int:
-    from forge.bench import bench_decode, bench_prefill
+    from forge.bench import bench_decode, bench_prefill, prompt_piece
     from forge.cli.generation_flags import load_model
 
     prompts = [n for n in _counts(args.n_prompt) if n]
@@ -76,13 +85,16 @@ def bench(args: Any, ctx: Any) -> int:
     model = load_model(args, ctx)
     if need > model.n_ctx:
         raise UsageError(f"the tests need {need} positions but the model holds {model.n_ctx}")
-    facts = {**model_facts(model), **_where(model, ctx)}
+    ubatch = prompt_piece(model, args.ubatch_size)
+    facts = {**model_facts(model), **_where(model, ctx), "n_ubatch": ubatch}
     rows = []
     tests = [(kind, n, d) for d in depths
              for kind, sizes in (("pp", prompts), ("tg", gens)) for n in sizes]  # fmt: skip
     for kind, n, depth in tests:
-        run = bench_prefill if kind == "pp" else bench_decode
-        result = run(model, n, args.repetitions, depth)
+        if kind == "pp":
+            result = bench_prefill(model, n, args.repetitions, depth, ubatch)
+        else:
+            result = bench_decode(model, n, args.repetitions, depth)
         rates = [n / t for t in result.runs_s]
         rows.append(BenchRow(**facts, n_prompt=n if kind == "pp" else 0,
                              n_gen=n if kind == "tg" else 0, n_depth=depth, test=result.test,

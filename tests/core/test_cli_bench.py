@@ -81,9 +81,9 @@ def test_depths_run_every_test_after_that_many_cached_tokens(capsys, model_path,
     starts = []
     real = fb._prefill
 
-    def spy(model, table, ids, start, output="none"):
+    def spy(model, table, ids, start, chunk, output="none"):
         starts.append((start, len(ids), output))
-        return real(model, table, ids, start, output)
+        return real(model, table, ids, start, chunk, output)
 
     monkeypatch.setattr(fb, "_prefill", spy)
     rows = json.loads(bench(capsys, model_path, "-p", "8", "-n", "2", "-d", "0,40", "-o", "json"))
@@ -94,3 +94,32 @@ def test_depths_run_every_test_after_that_many_cached_tokens(capsys, model_path,
     assert (0, 40, "last") in starts and not [
         s for s in starts if s[:2] == (0, 40) and s[2] != "last"
     ]
+
+
+def test_ubatch_sets_the_prompt_pieces_of_the_pp_tests(capsys, model_path, monkeypatch):
+    """-ub 16: a 40-token pp test runs as passes of 16, 16 and 8 prompt tokens (the depth fill
+    and tg tests keep the runner's piece); each row says its ubatch, by default the runner's."""
+    import forge.bench as fb
+
+    pieces = []
+    real = fb.forward_in_chunks
+
+    def spy(runner, table, ids, start, chunk, *rest):
+        for out in real(runner, table, ids, start, chunk, *rest):
+            pieces.append((start, chunk, len(ids)))
+            yield out
+
+    monkeypatch.setattr(fb, "forward_in_chunks", spy)
+    rows = json.loads(bench(capsys, model_path, "-p", "40", "-n", "0", "-ub", "16", "-o", "json"))
+    assert [r["n_ubatch"] for r in rows] == [16]
+    assert set(pieces) == {(0, 16, 40)} and len(pieces) == 2 * 3  # warm-up run + timed run
+    rows = json.loads(bench(capsys, model_path, "-p", "8", "-n", "0", "-o", "json"))
+    assert [r["n_ubatch"] for r in rows] == [256]  # cpu_simd's prefill_chunk
+
+
+@pytest.mark.parametrize("ub", ["0", "257"])
+def test_ubatch_past_the_runners_piece_is_refused(capsys, model_path, ub):
+    code = main(["bench", model_path, "--backend", "cpu_simd", "-p", "8", "-n", "0", "-ub", ub])
+    out, err = capsys.readouterr()
+    assert code == 2 and f"ubatch) of {ub} tokens" in err and "takes 1 to 256" in err
+    assert out == ""

@@ -133,6 +133,24 @@ def test_prefill_is_chunked_and_does_not_starve_decode(model, monkeypatch):
     assert s2.generated == model.complete(long_prompt, max_tokens=4, temperature=0).tokens
 
 
+def test_prompt_pieces_default_to_the_models(model, monkeypatch):
+    """Without `prefill_chunk` a step takes the model's piece (its runner's `prefill_chunk`):
+    a 100-token prompt runs as 24 + 24 + 24 + 24 + 4 on a model whose runner takes 24."""
+    spy = _Spy(model.runner)
+    monkeypatch.setattr(model, "runner", spy)
+    monkeypatch.setattr(model, "prefill_chunk", 24)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(3, model.n_vocab, 100)]
+    sched = Scheduler(model, max_batch=2).start()
+    try:
+        _, q, state = _submit(sched, model, prompt, max_tokens=3)
+        _, fin = _drain(q)
+    finally:
+        sched.stop(5)
+    assert fin.finish_reason == "length"
+    assert [n for b in spy.batches for n, _ in b if n > 1] == [24, 24, 24, 24, 4]
+    assert state.generated == model.complete(prompt, max_tokens=3, temperature=0).tokens
+
+
 def test_preemption_when_kv_runs_out_keeps_results(golden_dir):
     small = _load(golden_dir, 96)  # 6 blocks of 16 positions for everyone
     refs = [small.complete(p, max_tokens=50, temperature=0).tokens for p in PROMPTS[:3]]
