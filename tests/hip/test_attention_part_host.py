@@ -5,7 +5,6 @@ on the device (tests/gpu/test_attention.py, test_attn_prefill.py, test_golden_gp
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -67,6 +66,7 @@ def test_gpt_oss_yarn_tables_are_the_models_frequencies(golden_dir):
     assert not np.allclose(rt.copies[runner.plan.attention[0].rope_freqs], plain)
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 @pytest.mark.parametrize("rows", [1, 9, 300])
 def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows):
     """One-row decode (attn_decode), a short prompt (qk_rope_store + attn_rows) and a long one
@@ -105,6 +105,7 @@ def test_gpt_oss_attention_gets_sinks_yarn_and_the_output_bias(golden_dir, rows)
         assert bias == address(f"blk.{i}.attn_output.bias") != 0
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 def test_models_without_sinks_or_scaled_rope_hand_over_nothing_new(golden_dir):
     rt = FakeRuntime()
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
@@ -157,42 +158,40 @@ class NvidiaFake(FakeRuntime):
         return replace(kernel, shared=nbytes)
 
 
-@pytest.mark.parametrize("knob", [False, True])
-def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, tmp_path, monkeypatch,
-                                                            knob):  # fmt: skip
-    """With the `tc_decode` knob each layer stores K/V with qk_rope_store, then runs
-    attn_decode_tc64 over (KV head, row, splits) with its dynamic shared memory, the splits
-    keeping two blocks a compute unit; without it, the fused attn_decode as before."""
-    tuning = tmp_path / "tuning.json"
-    tuning.write_text(json.dumps({"knobs": {"tc_decode": {"value": knob}}}))
-    monkeypatch.setenv("FORGE_HIP_TUNING", str(tuning))
-    load_tuning.cache_clear()  # (a device's knobs are read once)
-    try:
-        _check_decode_launches(golden_dir, knob)
-    finally:
-        load_tuning.cache_clear()
-
-
-def _check_decode_launches(golden_dir, knob: bool) -> None:
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("knob", [False, True, None], ids=["off", "on", "default"])
+def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knobs, knob, rows):
+    """With the `tc_decode` knob (on by default) each layer stores K/V with qk_rope_store, then
+    runs attn_decode_tc64 over (KV head, row, splits) with its dynamic shared memory, the splits
+    keeping two blocks a compute unit; without it, the fused attn_decode."""
+    if knob is not None:
+        hip_knobs(tc_decode=knob)
+    else:
+        load_tuning.cache_clear()  # tuned/default.json's value
     rt = NvidiaFake()
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
-    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.arange(1), "last")])
+    batch = [SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([r]), "last")
+             for r in range(rows)]  # fmt: skip
+    runner.forward(batch)
     rt.launches.clear()
     rt.shared.clear()
-    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.arange(1), "last")])
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([r]), "last")
+                    for r in range(rows)])  # fmt: skip
     names = [n for n, _, _ in rt.launches if n.startswith(("qk_rope", "attn"))]
     s = runner.spec
-    if not knob:
+    if knob is False:
         assert names == ["attn_decode_w64_g4"] * s.n_layer
         return
     assert names == ["qk_rope_store", "attn_decode_tc64"] * s.n_layer
     tc = [i for i, (n, _, _) in enumerate(rt.launches) if n == "attn_decode_tc64"]
     fill = runner.tune.att_fill
-    want = min(runner.splits, 2 * fill * rt.props.compute_units // s.n_head_kv)
-    assert {rt.launches[i][1] for i in tc} == {(s.n_head_kv, 1, want)}
+    want = min(runner.splits, max(1, 2 * fill * rt.props.compute_units // (rows * s.n_head_kv)))
+    assert {rt.launches[i][1] for i in tc} == {(s.n_head_kv, rows, want)}
     assert {rt.shared[i] for i in tc} == {constants()["TCD_SMEM_64"]}
+    runner.close()
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 @pytest.mark.parametrize("name,blocks", [("gpt-oss-q8_0.gguf", 2), ("qwen3-q8_0.gguf", 2),
                                          ("gemma3-q4_k_m.gguf", 1)])  # fmt: skip
 def test_decode_launches_a_block_per_four_query_heads_of_a_kv_head(golden_dir, name, blocks):

@@ -72,6 +72,7 @@ def test_33_to_64_row_mmq_launches_split_x_rows_over_two_halves(golden_dir, monk
     assert len(grids) == 4 * runner.spec.n_layer and all(g[1] == 2 for g in grids)
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 @pytest.mark.parametrize("name", ["gemma3-q4_k_m.gguf", "qwen2-q4_k.gguf", "llama-f32.gguf"])
 def test_plan_packs_and_decode_is_one_graph_per_batch_size(golden_dir, name):
     rt = FakeRuntime()
@@ -524,6 +525,7 @@ def test_mmq_warp_split_fills_the_gpu_within_the_chunks():
     assert mmq_ks(256, ["Q4_K", "Q6_K"], [100, 100], 132) == 2  # Q6_K: 2 chunks of 128
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 @pytest.mark.parametrize("rows", [2, 8, 12, 32, 48])
 def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, rows):
     """2-64 rows of a model with mmq types: every product is x quantized once (mvq_quant) then
@@ -583,6 +585,7 @@ def test_many_row_steps_run_mmq_and_split_attention_to_fill_the_gpu(golden_dir, 
     runner.close()
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 def test_one_row_decode_splits_fill_one_wave_of_grouped_blocks(golden_dir):
     """One-row decode at a long context: the grouped kernel (gemma3: 4 query heads on 1 KV
     head, one block a split) splits up to a block per compute unit (MAX_SPLITS at most); the

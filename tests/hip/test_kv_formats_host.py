@@ -99,6 +99,7 @@ def test_formats_refused_by_name(golden_dir):
     assert kv_format(odd, gguf, KvTypes(KvFormat.BF16, KvFormat.BF16)) is KvFormat.BF16
 
 
+@pytest.mark.usefixtures("attn_decode_path")
 @pytest.mark.parametrize("fmt", [KvFormat.F16, KvFormat.Q8_0, KvFormat.Q4_0, KvFormat.BF16],
                          ids=lambda f: f.value)  # fmt: skip
 def test_launches_carry_the_format(golden_dir, fmt):

@@ -90,7 +90,7 @@ class Attentions:
         `decode_group` query heads of one KV head."""
         return attn_decode_blocks(self.spec.n_head, self.spec.n_head_kv, self.decode_group)
 
-    def _tc(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
+    def tc_decode_kernel(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
         and it applies (NVIDIA, float16; `attn_decode_tc_kernel`), else None (attn_decode)."""
         if kv.format not in self._tc_kernels:
@@ -107,7 +107,7 @@ class Attentions:
         unit of attn_decode (attn_decode_tc holds two a unit: twice that); one row of the
         per-head attn_decode keeps ROWS_SPLITS, the count measured best for it."""
         cus = self.lib.runtime.props.compute_units
-        if self._tc(kv) is not None:
+        if self.tc_decode_kernel(kv) is not None:
             return max(1, 2 * fill * cus // (rows * self.spec.n_head_kv))
         if rows == 1 and self.decode_group == 1:
             return ROWS_SPLITS
@@ -156,7 +156,7 @@ class Attentions:
         rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, a.rope_freqs,
                 a.mscale, s.rms_eps]  # fmt: skip
         att = [kv.block_size, s.attn_scale, ls.sliding_window or 0, kv.format_id]
-        tc = self._tc(kv) if decode else None
+        tc = self.tc_decode_kernel(kv) if decode else None
         if decode and tc is None:
             nq = self.decode_group
             L(op["attn_decode"], (self.decode_blocks(), rows, splits), (ATT_THREADS,),
