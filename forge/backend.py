@@ -185,6 +185,10 @@ class Runner(ABC):
     # `forge bench`). Larger pieces read the weights fewer times; a runner whose passes take more
     # rows says so.
     prefill_chunk: ClassVar[int] = PREFILL_CHUNK
+    # Most token rows a pass takes in one piece (None: no limit). The scheduler then keeps a
+    # step's prompt rows within it beside the step's decode rows (a larger step would run as
+    # several passes, its fed tokens read back between them).
+    pass_rows: ClassVar[int | None] = None
     # True when `forward_sample` picks on the device (only token ids come back); the engine
     # then uses it for every sequence whose chain `DeviceSampling` can express.
     samples_on_device: ClassVar[bool] = False

@@ -397,6 +397,11 @@ class Scheduler:
         cannot hold it without preempting a sequence. `fed`: ids of requests whose one token
         is still on the device (`_start_ahead`)."""
         budget = self.prefill_chunk
+        most = getattr(self.model.runner, "pass_rows", None)
+        if most is not None:  # prompt pieces beside the decode rows, all in one pass
+            decoding = sum(1 for r in self._running
+                           if len(r.pending) == 1 or (fed and id(r) in fed))  # fmt: skip
+            budget = max(1, min(budget, most - decoding))
         plan: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
         for request in list(self._running):
             if preempt and request not in self._running:  # preempted planning an earlier one

@@ -151,6 +151,33 @@ def test_prompt_pieces_default_to_the_models(model, monkeypatch):
     assert state.generated == model.complete(prompt, max_tokens=3, temperature=0).tokens
 
 
+def test_prompt_pieces_leave_room_for_decode_rows_in_one_pass(model, monkeypatch):
+    """A runner whose passes take at most 20 rows (`pass_rows`): while two sequences decode, a
+    long prompt's pieces are 18 rows (the model's piece, 32, would make the runner cut the step
+    in two); every step stays within 20 rows and the results are the single-sequence ones."""
+    spy = _Spy(model.runner)
+    spy.pass_rows = 20
+    monkeypatch.setattr(model, "runner", spy)
+    monkeypatch.setattr(model, "prefill_chunk", 32)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(3, model.n_vocab, 100)]
+    sched = Scheduler(model, max_batch=4).start()
+    try:
+        decoders = [_submit(sched, model, p, max_tokens=40, logit_bias=NO_EOS) for p in PROMPTS[:2]]
+        for _, q, _ in decoders:
+            q.get(timeout=10)  # both decoding
+        spy.batches.clear()
+        _, q, state = _submit(sched, model, prompt, max_tokens=3)
+        _drain(q)
+        for _, dq, _ in decoders:
+            _drain(dq)
+    finally:
+        sched.stop(5)
+    assert all(sum(n for n, _ in b) <= 20 for b in spy.batches), spy.batches
+    pieces = [n for b in spy.batches for n, _ in b if n > 1]
+    assert sum(pieces) == 100 and pieces[0] == 18, pieces
+    assert state.generated == model.complete(prompt, max_tokens=3, temperature=0).tokens
+
+
 def test_preemption_when_kv_runs_out_keeps_results(golden_dir):
     small = _load(golden_dir, 96)  # 6 blocks of 16 positions for everyone
     refs = [small.complete(p, max_tokens=50, temperature=0).tokens for p in PROMPTS[:3]]

@@ -48,6 +48,7 @@ class HipRunner(Runner):
     samples_on_device = True
     feeds_picks = True
     prefill_chunk = ROW_CAP  # pp512 in one pass: Llama-3.1-8B twin, H200, 6,973 -> 9,996 tok/s
+    pass_rows = ROW_CAP  # (larger batches are cut: step_meta.chunks)
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ def hosts(world: int) -> tuple[int, tuple[str, int]]:
 class TensorParallelRunner(Runner):
     samples_on_device = True
     prefill_chunk = ROW_CAP  # each rank's HipRunner takes its prompt pieces
+    pass_rows = ROW_CAP  # (larger batches are cut: step_meta.chunks)
 
     def __init__(self, spec: ModelSpec, gguf: GGUFFile, kernels: KernelTable, *,
                  shard_plan: ShardPlan, placement: Placement,
