@@ -129,8 +129,11 @@ class Scheduler:
         the model's, its runner's `prefill_chunk`). `on_step`: called on the scheduler thread
         after each step's tokens were handed to their callbacks, while the next step computes (a
         place to pass them on in bulk)."""
+        most = getattr(model, "prefill_chunk", PREFILL_CHUNK)
         if prefill_chunk is None:
-            prefill_chunk = getattr(model, "prefill_chunk", PREFILL_CHUNK)
+            prefill_chunk = most
+        if prefill_chunk > most:  # the window pools hold the model's pieces, no larger
+            raise ValueError(f"prefill_chunk {prefill_chunk} is past the model's ({most})")
         if max_batch < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("max_batch, max_queue and prefill_chunk must be >= 1")
         self.model = model
@@ -364,12 +367,13 @@ class Scheduler:
         placeholder for one fed on the device) and its feed (per row: the row of the step
         before whose pick it takes, or -1). Counts the step."""
         out_rows = {i for _, i in sampling}
-        batch, feed = [], []
+        batch, feed, prompt = [], [], False
         for i, (request, n) in enumerate(plan):
             if id(request) in fed:
                 tokens = _FED_PLACEHOLDER  # the runner feeds the pick
                 feed.append(fed[id(request)])
             else:
+                prompt = prompt or n > 1 or len(request.pending) > n  # (a piece of one token)
                 tokens = np.asarray(request.pending[:n], dtype=np.int32)
                 del request.pending[:n]
                 feed.append(-1)
@@ -378,7 +382,7 @@ class Scheduler:
                                   request.table.window_arrays()))  # fmt: skip
             request.cached += n
         self.steps += 1
-        self.prompt_steps += any(n > 1 for _, n in plan)
+        self.prompt_steps += prompt
         return batch, feed
 
     def _take(self, requests: list[_Request]) -> None:
@@ -398,7 +402,8 @@ class Scheduler:
         is still on the device (`_start_ahead`)."""
         budget = self.prefill_chunk
         most = getattr(self.model.runner, "pass_rows", None)
-        if most is not None:  # prompt pieces beside the decode rows, all in one pass
+        if most is not None:  # prompt pieces beside the decode rows, all in one pass (while
+            # decode rows fill it, prompts still move a token a step: the runner cuts that step)
             decoding = sum(1 for r in self._running
                            if len(r.pending) == 1 or (fed and id(r) in fed))  # fmt: skip
             budget = max(1, min(budget, most - decoding))

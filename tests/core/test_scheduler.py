@@ -178,6 +178,37 @@ def test_prompt_pieces_leave_room_for_decode_rows_in_one_pass(model, monkeypatch
     assert state.generated == model.complete(prompt, max_tokens=3, temperature=0).tokens
 
 
+def test_decode_rows_filling_the_pass_leave_prompts_a_token_a_step(model, monkeypatch):
+    """pass_rows 2 with two sequences decoding: a 6-token prompt still moves, a token a step;
+    each of those steps counts as a prompt step (5 of them; its last token gives the first
+    output, as a decode row does)."""
+    spy = _Spy(model.runner)
+    spy.pass_rows = 2
+    monkeypatch.setattr(model, "runner", spy)
+    prompt = [int(t) for t in np.random.default_rng(6).integers(3, model.n_vocab, 6)]
+    sched = Scheduler(model, max_batch=4).start()
+    try:
+        decoders = [_submit(sched, model, p, max_tokens=40, logit_bias=NO_EOS) for p in PROMPTS[:2]]
+        for _, q, _ in decoders:
+            q.get(timeout=10)
+        before = sched.stats()["prompt_steps"]
+        spy.batches.clear()
+        _, q, state = _submit(sched, model, prompt, max_tokens=2)
+        _drain(q)
+        after = sched.stats()["prompt_steps"]
+        for _, dq, _ in decoders:
+            _drain(dq)
+    finally:
+        sched.stop(5)
+    assert after - before == 5
+    assert state.generated == model.complete(prompt, max_tokens=2, temperature=0).tokens
+
+
+def test_a_prompt_piece_past_the_models_is_refused(model):
+    with pytest.raises(ValueError, match="past the model's"):
+        Scheduler(model, prefill_chunk=model.prefill_chunk + 1)
+
+
 def test_preemption_when_kv_runs_out_keeps_results(golden_dir):
     small = _load(golden_dir, 96)  # 6 blocks of 16 positions for everyone
     refs = [small.complete(p, max_tokens=50, temperature=0).tokens for p in PROMPTS[:3]]
