@@ -1,8 +1,8 @@
 """attn_prefill alone at depth: microseconds per launch inside a captured graph (launches back to
 back, as a prompt's layers run them) and the multiply-add rate of its two products, for a prompt
 piece of R rows after `depth` cached positions, per cache format and most splits of the key
-range. Default heads: Llama-3-8B's (32 query heads, 8 KV heads of 128), R = 256 (the engine's
-prefill chunk).
+range. Default heads: Llama-3-8B's (32 query heads, 8 KV heads of 128), R = 256 (hip's prompt
+piece is 512).
 
   python benchmarks/attn_prefill_probe.py [--heads 32 8 128] [--rows 256]
       [--depths 0 4096 16384 32768] [--splits 1 2 4 8] [--formats f16 q8_0]

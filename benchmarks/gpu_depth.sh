@@ -43,7 +43,8 @@ for kv in kinds:
     if llama_path.exists():
         for r in json.loads(llama_path.read_text()):
             kind = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-            theirs[f"{kind} @ d{r.get('n_depth', 0)}"] = r["avg_ts"]
+            depth = r.get("n_depth", 0)
+            theirs[kind + (f" @ d{depth}" if depth else "")] = r["avg_ts"]  # forge's test names
     for r in ours:
         other = theirs.get(r["test"])
         ratio = f"{r['avg_ts'] / other:.2f}x" if other else "-"
