@@ -373,7 +373,7 @@ class Scheduler:
                 tokens = _FED_PLACEHOLDER  # the runner feeds the pick
                 feed.append(fed[id(request)])
             else:
-                prompt = prompt or n > 1 or len(request.pending) > n  # (a piece of one token)
+                prompt = prompt or len(request.pending) > 1  # (pieces of one token too)
                 tokens = np.asarray(request.pending[:n], dtype=np.int32)
                 del request.pending[:n]
                 feed.append(-1)
@@ -404,8 +404,7 @@ class Scheduler:
         most = getattr(self.model.runner, "pass_rows", None)
         if most is not None:  # prompt pieces beside the decode rows, all in one pass (while
             # decode rows fill it, prompts still move a token a step: the runner cuts that step)
-            decoding = sum(1 for r in self._running
-                           if len(r.pending) == 1 or (fed and id(r) in fed))  # fmt: skip
+            decoding = sum(_ready(r, fed) == 1 for r in self._running)
             budget = max(1, min(budget, most - decoding))
         plan: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
         for request in list(self._running):
@@ -413,7 +412,7 @@ class Scheduler:
                 continue
             if request.picked is not None and request.state.ends_with(request.picked):
                 continue
-            n = 1 if fed and id(request) in fed else len(request.pending)
+            n = _ready(request, fed)
             if n == 0:  # its next token is in flight, and ends it
                 continue
             if n > 1:  # prefill (or recompute after preemption): bounded by the budget
@@ -507,6 +506,12 @@ def _deliver(request: _Request, message: TokenEvent | Finished) -> None:
     except Exception:
         log.exception("request %d: callback failed; cancelling it", request.id)
         request.cancelled = True
+
+
+def _ready(request: _Request, fed: dict[int, int] | None) -> int:
+    """Tokens `request` can feed the next step: its pending ones, or the one still on the device
+    (`fed`)."""
+    return 1 if fed and id(request) in fed else len(request.pending)
 
 
 def _sampling(plan: list[tuple[_Request, int]], fed: dict[int, int]) -> list[tuple[_Request, int]]:
