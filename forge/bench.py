@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from forge.backend import SeqBatch, forward_in_chunks
+from forge.backend import DeviceSampling, SeqBatch, forward_in_chunks
 from forge.errors import UsageError
 
 
@@ -62,27 +62,45 @@ def bench_prefill(model, n_tokens: int, reps: int, depth: int = 0,
     return _result(f"pp{n_tokens}" + (f" @ d{depth}" if depth else ""), n_tokens, times[1:])
 
 
-def bench_decode(model, n_tokens: int, reps: int, depth: int = 0) -> BenchResult:
-    """Time `n_tokens` single-token decode steps after `depth` cached tokens (16 when 0, as a
-    short prompt), argmax picking."""
+def bench_decode(model, n_tokens: int, reps: int, depth: int = 0,
+                 sync: bool = False) -> BenchResult:  # fmt: skip
+    """Time `n_tokens` greedy decode steps after `depth` cached tokens (16 when 0, as a short
+    prompt), taken as the engine takes them (`Model.generate`): on a runner that picks on its
+    device and feeds the picks (a GPU), each step starts before the previous one's token is
+    read. `sync`: every step waits for the previous token first (as llama-bench's tg)."""
     context = depth or 16
     ids = _prompt(model, context)
     times = []
     for _ in range(reps + 1):
         table = model.kv.table()
         _fill(model, table, ids)
-        token, pos = int(ids[-1]), context
         t = time.perf_counter()
-        for _ in range(n_tokens):
-            table.trim(pos)
-            table.ensure(pos + 1)
-            batch = [SeqBatch(np.array([token], np.int32), pos, table.array(), "last",
-                              table.window_arrays())]  # fmt: skip
-            token = model.runner.forward_argmax(batch)[0]
-            pos += 1
+        _decode(model.runner, table, int(ids[-1]), context, n_tokens, sync)
         times.append(time.perf_counter() - t)
         table.release()
-    return _result(f"tg{n_tokens}" + (f" @ d{depth}" if depth else ""), n_tokens, times[1:])
+    label = f"tg{n_tokens}" + (" sync" if sync else "") + (f" @ d{depth}" if depth else "")
+    return _result(label, n_tokens, times[1:])
+
+
+def _decode(runner, table, token: int, pos: int, n: int, sync: bool) -> None:
+    """n greedy steps from `token` at `pos`; returns once the last step's token is read."""
+
+    def step(tokens: np.ndarray, p: int) -> list[SeqBatch]:
+        table.trim(p)
+        table.ensure(p + 1)
+        return [SeqBatch(tokens, p, table.array(), "last", table.window_arrays())]
+
+    if sync or not (runner.feeds_picks and runner.samples_on_device):
+        for p in range(pos, pos + n):
+            token = runner.forward_argmax(step(np.array([token], np.int32), p))[0]
+        return
+    greedy, fed = [DeviceSampling()], np.zeros(1, np.int32)  # (fed: the pick's placeholder)
+    started = runner.start_sample(step(np.array([token], np.int32), pos), greedy)
+    for p in range(pos + 1, pos + n):
+        ahead = runner.start_sample(step(fed, p), greedy, [0], started)
+        started()
+        started = ahead
+    started()
 
 
 def prompt_piece(model, chunk: int | None) -> int:

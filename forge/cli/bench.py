@@ -2,8 +2,9 @@
 
 ``-p 128,512 -n 32,128`` run one prompt-processing test per -p value and one generation test
 per -n value (0 skips that kind), each ``-r`` times, after ``-d`` tokens already cached (a comma
-list too); prompts run in pieces of ``-ub`` tokens (default: the backend's); ``-o
-md|csv|json|jsonl`` picks the output.
+list too); prompts run in pieces of ``-ub`` tokens (default: the backend's); tg steps run as
+generation runs them (one ahead on a backend that feeds its picks on the device), or each after
+the last token was read with ``--tg-sync``; ``-o md|csv|json|jsonl`` picks the output.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def add_parser(subparsers: Any) -> None:
         help="prompt tokens a pass takes in the pp tests (default: the backend's prompt piece, "
         "also its most), as llama-bench's -ub",
     )
+    p.add_argument(
+        "--tg-sync",
+        action="store_true",
+        help="each tg step waits for the previous token before it starts, as llama-bench's tg "
+        "(by default steps run as generation runs them: one ahead where the backend feeds its "
+        "picks on the device)",
+    )
     p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs of each test")
     p.add_argument("-o", "--output", choices=FORMATS, default="md", help="output format")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
@@ -94,7 +102,7 @@ def bench(args: Any, ctx: Any) -> int:
         if kind == "pp":
             result = bench_prefill(model, n, args.repetitions, depth, ubatch)
         else:
-            result = bench_decode(model, n, args.repetitions, depth)
+            result = bench_decode(model, n, args.repetitions, depth, args.tg_sync)
         rates = [n / t for t in result.runs_s]
         rows.append(BenchRow(**facts, n_prompt=n if kind == "pp" else 0,
                              n_gen=n if kind == "tg" else 0, n_depth=depth, test=result.test,

@@ -9,9 +9,11 @@ import json
 import warnings
 
 import gguf
+import numpy as np
 import pytest
 
 import forge.api
+from forge.backend import SeqBatch
 from forge.cli import main
 
 
@@ -123,3 +125,63 @@ def test_ubatch_past_the_runners_piece_is_refused(capsys, model_path, ub):
     out, err = capsys.readouterr()
     assert code == 2 and f"ubatch) of {ub} tokens" in err and "takes 1 to 256" in err
     assert out == ""
+
+
+class _FeedingLog:
+    """A runner that feeds its picks (as hip's): `start_sample` only records the step, which
+    computes when collected, taking its token from the step it feeds from. Logs each step's
+    position and token source, and every collect, in order."""
+
+    feeds_picks = samples_on_device = True
+
+    def __init__(self, runner):
+        self.runner, self.log, self.tokens = runner, [], []
+        self.forward = runner.forward  # (the depth fill)
+
+    def forward_argmax(self, batch):
+        self.log.append(("sync", batch[0].start))
+        self.tokens.append(self.runner.forward_argmax(batch)[0])
+        return self.tokens[-1:]
+
+    def start_sample(self, batch, picks, feed=None, feed_from=None):
+        (b,), fed = batch, feed is not None and feed[0] == 0
+        self.log.append(("fed" if fed else "start", b.start))
+        b = SeqBatch(b.tokens.copy(), b.start, b.block_table.copy(), b.output)
+        done = []
+
+        def collect():
+            if not done:
+                if fed:
+                    b.tokens = np.array(feed_from(), np.int32)
+                self.log.append(("collect", b.start))
+                done.append(self.runner.forward_sample([b], picks))
+                self.tokens.append(done[0][0])
+            return done[0]
+
+        return collect
+
+
+def test_tg_steps_run_one_ahead_on_a_runner_that_feeds_its_picks(model_path):
+    """The tg loop takes tokens as the engine does: step N+1 starts, fed from step N's pick,
+    before step N is read; --tg-sync runs the same greedy tokens one step after the other."""
+    from forge.bench import bench_decode
+
+    model = forge.api.load(model_path, backend="cpu_simd", n_ctx=128)
+    runner = model.runner = _FeedingLog(model.runner)
+    ahead = bench_decode(model, 4, 1, depth=20)
+    assert ahead.test == "tg4 @ d20"
+    timed = runner.log[len(runner.log) // 2 :]  # (the warm-up run first, the same steps)
+    assert timed == [
+        ("start", 20),
+        ("fed", 21),
+        ("collect", 20),
+        ("fed", 22),
+        ("collect", 21),
+        ("fed", 23),
+        ("collect", 22),
+        ("collect", 23),
+    ]
+    picked, runner.log, runner.tokens = runner.tokens, [], []
+    sync = bench_decode(model, 4, 1, depth=20, sync=True)
+    assert sync.test == "tg4 sync @ d20" and runner.log[4:] == [("sync", p) for p in range(20, 24)]
+    assert runner.tokens == picked and len(set(picked[:4])) > 1
