@@ -7,7 +7,8 @@ length and most splits. Default heads: Llama-3-8B's (32 query heads, 8 KV heads 
       [--splits 16 64] [--formats f16 q8_0] [--dirs new=kernels old=DIR] [--out DIR]
 
 --dirs compares kernel sources (an A/B of attention.hip): label=directory each. --tc adds
-attn_decode_tc (tensor cores) for the float16 cache.
+attn_decode_tc (tensor cores) for the float16 cache (--tc-only: that kernel alone), each
+directory's with its own block and ring sizes (contract.h's TCD_*).
 
 Prints one JSON line per case and the device's copy bandwidth (a 2 GiB device-to-device copy),
 the floor a launch is measured against.
@@ -26,11 +27,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
-from forge_hip.contract import kernel_signatures  # noqa: E402
+from forge_hip.contract import constants, kernel_signatures  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS, row_bytes  # noqa: E402
 from forge_hip.library import (  # noqa: E402
     ATT_THREADS,
-    TCD_THREADS,
     HipKernel,
     KernelLibrary,
     attn_decode_blocks,
@@ -76,9 +76,11 @@ def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n:
     c = Case(np.random.default_rng(0), H, KVH, D, D, [position], KvFormat.F16)
     b = c.buffers(dev, splits)
     name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, KvFormat.F16)
+    sizes = constants(str(Path(directory).resolve()))  # (that source's block and ring sizes)
+    tc = rt.reserve_shared(kernel(lib, name, directory), sizes[f"TCD_SMEM_{D}"])
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
-    launch = (kernel(lib, name, directory), (KVH, 1, splits), (TCD_THREADS,), args)
+    launch = (tc, (KVH, 1, splits), (sizes["TCD_THREADS"],), args)
     return timed(rt, launch, n, KvFormat.F16, heads, position, splits)
 
 
@@ -124,13 +126,14 @@ def main() -> int:
     ap.add_argument("--dirs", nargs="+", default=[f"new={ROOT / 'kernels'}"])
     ap.add_argument("--grouped-only", action="store_true", help="leave out the per-head kernel")
     ap.add_argument("--tc", action="store_true", help="also attn_decode_tc (float16 cache)")
+    ap.add_argument("--tc-only", action="store_true", help="attn_decode_tc alone")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rt = open_runtime()
     lib = KernelLibrary(rt)
     results = [{"copy GB/s": round(copy_bandwidth(rt) / 1e9, 1)}]
     print(json.dumps(results[0]), flush=True)
-    kinds = (True,) if a.grouped_only else (False, True)
+    kinds = () if a.tc_only else (True,) if a.grouped_only else (False, True)
 
     def record(label: str, run, *args) -> None:  # noqa: ANN001 - probe or probe_tc
         dev = Dev(rt)
@@ -145,7 +148,7 @@ def main() -> int:
                     for grouped in kinds:
                         record(label, probe, directory, a.heads, p, splits, fmt, grouped,
                                a.launches)  # fmt: skip
-                    if a.tc and fmt is KvFormat.F16:
+                    if (a.tc or a.tc_only) and fmt is KvFormat.F16:
                         record(label, probe_tc, directory, a.heads, p, splits, a.launches)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
