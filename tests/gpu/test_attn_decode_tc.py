@@ -17,6 +17,7 @@ CASES = [
     # H, KVH, D, positions, window, splits, sinks
     (32, 8, 128, [0, 129, 3000], 0, 32, False),  # Llama-3-8B's heads, the first position too
     (32, 8, 128, [5000, 4097], 0, 2, False),  # long splits: a warp's ring wraps many times
+    (32, 8, 128, [17000, 9000], 0, 64, True),  # more partials than a warp has lanes (64, 36)
     (4, 1, 128, [700, 3, 128], 0, 16, False),  # one KV head (Gemma-like group of 4)
     (4, 1, 128, [700, 40], 512, 16, False),  # a sliding window
     (8, 2, 64, [5, 300, 4100], 0, 8, True),  # gpt-oss-like: sinks through the merge
