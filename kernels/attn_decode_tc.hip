@@ -18,7 +18,8 @@
 // out [R, H, D]; grid = (Hkv, R, max splits), block = TCD_THREADS, dynamic shared memory
 // TCD_SMEM_64 / TCD_SMEM_128. part_o [R H max splits, D], part_ml [.., 2], cnt [R H]; sinks [H]
 // or null (gpt-oss: one more softmax term of value zero); window > 0: the last `window`
-// positions only. On AMD the kernels are empty: the plan takes them on NVIDIA only.
+// positions only; cache blocks of block_size >= TCD_BK positions. On AMD the kernels are empty:
+// the plan takes them on NVIDIA only.
 #include "forge_hip.h"
 
 #define TCD_NEG (-1.0e30f)
@@ -40,17 +41,22 @@ struct TcdArgs {
 
 #if defined(FORGE_NV)
 // Copy tile positions [key0, key0 + TCD_BK) of KV head kvh (zeros past end) into a stage: K rows
-// then V rows, LD halves apart; each lane D / 16 pieces of 16 bytes of each.
+// then V rows, LD halves apart; each lane D / 16 pieces of 16 bytes of each. Cache blocks hold
+// TCD_BK positions or more (the plan's condition), so a tile spans at most two: their table
+// entries are found once a tile, not with a division and a table read for every row a lane
+// copies (as many instructions as the tile's products).
 template <int D, int LD>
 FORGE_DEV void tcd_issue(const TcdArgs& g, const i32* table, int kvh, int key0, int end, u16* stage,
                          int lane) {
     u16* vs = stage + TCD_BK * LD;
+    const int bs = g.block_size, b0 = key0 / bs, r0 = key0 - b0 * bs;
+    const i64 base0 = key0 < end ? (i64)table[b0] * bs : 0;
+    const i64 base1 = b0 * bs + bs < end ? (i64)table[b0 + 1] * bs - bs : 0;
 #pragma unroll
     for (int i = 0; i < TCD_BK * D / 8 / 32; ++i) {
         const int idx = i * 32 + lane, row = idx / (D / 8), col = (idx % (D / 8)) * 8;
-        const int p = key0 + row;
-        const bool ok = p < end;
-        const i64 slot = ok ? (i64)table[p / g.block_size] * g.block_size + p % g.block_size : 0;
+        const bool ok = key0 + row < end;
+        const i64 slot = ok ? (r0 + row < bs ? base0 : base1) + r0 + row : 0;
         const i64 off = (slot * g.Hkv + kvh) * D + col;
         cp_async16(stage + row * LD + col, g.kc + off, ok);
         cp_async16(vs + row * LD + col, g.vc + off, ok);
@@ -168,11 +174,13 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
             mma_f16(sc[1], qa[k], b[2], b[3]);
         }
         const int key0 = begin + (warp + i * TCD_WARPS) * TCD_BK;
+        if (key0 + TCD_BK > end) {  // (the split's last tile only)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+            for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (key0 + nt * 8 + c + (e & 1) >= end) sc[nt][e] = TCD_NEG;
+                for (int e = 0; e < 4; ++e) {
+                    if (key0 + nt * 8 + c + (e & 1) >= end) sc[nt][e] = TCD_NEG;
+                }
             }
         }
         float x0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
@@ -182,26 +190,32 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
         x1 = fmaxf(x1, shfl_xor(x1, 1));
         x1 = fmaxf(x1, shfl_xor(x1, 2));
         const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-        const float f0 = exp2f(m0 - n0), f1 = exp2f(m1 - n1);
-        m0 = n0;
-        m1 = n1;
+        // Rescale only when a maximum of the warp grew (factors of exactly 1 otherwise: the
+        // same values): past the first tiles of a long split it seldom does.
+        if (__any_sync(0xffffffffu, n0 > m0 || n1 > m1)) {
+            const float f0 = exp2f(m0 - n0), f1 = exp2f(m1 - n1);
+            l0 *= f0;
+            l1 *= f1;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[j][0] *= f0;
+                o[j][1] *= f0;
+                o[j][2] *= f1;
+                o[j][3] *= f1;
+            }
+            m0 = n0;
+            m1 = n1;
+        }
         float p[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-            p[nt][0] = exp2f(sc[nt][0] - n0);
-            p[nt][1] = exp2f(sc[nt][1] - n0);
-            p[nt][2] = exp2f(sc[nt][2] - n1);
-            p[nt][3] = exp2f(sc[nt][3] - n1);
+            p[nt][0] = exp2f(sc[nt][0] - m0);
+            p[nt][1] = exp2f(sc[nt][1] - m0);
+            p[nt][2] = exp2f(sc[nt][2] - m1);
+            p[nt][3] = exp2f(sc[nt][3] - m1);
         }
-        l0 = l0 * f0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-        l1 = l1 * f1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            o[j][0] *= f0;
-            o[j][1] *= f0;
-            o[j][2] *= f1;
-            o[j][3] *= f1;
-        }
+        l0 = l0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+        l1 = l1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
         // P as the A tile of O += P V (the S fragments' layout is the A fragments')
         const u32 pa[4] = {pack_h2(p[0][0], p[0][1]), pack_h2(p[0][2], p[0][3]),
                            pack_h2(p[1][0], p[1][1]), pack_h2(p[1][2], p[1][3])};

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from forge_hip.contract import constants
-from forge_hip.library import attn_decode_kernel, attn_decode_tc_kernel
+from forge_hip.library import TCD_BK, attn_decode_kernel, attn_decode_tc_kernel
 from forge_hip.tuning import load_tuning
 
 from forge.backend import SeqBatch
@@ -188,6 +188,21 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
     want = min(runner.splits, max(1, 2 * fill * rt.props.compute_units // (rows * s.n_head_kv)))
     assert {rt.launches[i][1] for i in tc} == {(s.n_head_kv, rows, want)}
     assert {rt.shared[i] for i in tc} == {constants()["TCD_SMEM_64"]}
+    runner.close()
+
+
+def test_cache_blocks_shorter_than_a_tensor_core_tile_take_attn_decode(golden_dir, hip_knobs):
+    """attn_decode_tc finds each key tile's cache blocks once a tile (at most two, so blocks
+    hold TCD_BK positions or more): a cache of shorter blocks decodes with attn_decode."""
+    hip_knobs(tc_decode=True)
+    rt = NvidiaFake()
+    runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
+    runner.allocate_kv(128, TCD_BK // 2)
+    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
+    rt.launches.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
+    names = {n for n, _, _ in rt.launches if n.startswith("attn")}
+    assert names == {"attn_decode_w64_g4"}
     runner.close()
 
 

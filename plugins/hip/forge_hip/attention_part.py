@@ -21,6 +21,7 @@ from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import ModelSpec
 from forge_hip.contract import constants
 from forge_hip.library import (
+    TCD_BK,
     TCD_THREADS,
     KernelLibrary,
     attn_decode_blocks,
@@ -92,10 +93,11 @@ class Attentions:
 
     def tc_decode_kernel(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
-        and it applies (NVIDIA, float16; `attn_decode_tc_kernel`), else None (attn_decode)."""
+        and it applies (NVIDIA, float16, blocks of TCD_BK positions or more:
+        `attn_decode_tc_kernel`), else None (attn_decode)."""
         if kv.format not in self._tc_kernels:
             s, name = self.spec, None
-            if self._builtin and self.products.tune.tc_decode:
+            if self._builtin and self.products.tune.tc_decode and kv.block_size >= TCD_BK:
                 arch = self.lib.runtime.props.arch
                 name = attn_decode_tc_kernel(s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv,
                                              arch, kv.format)  # fmt: skip

@@ -140,6 +140,7 @@ def attn_decode_blocks(n_head: int, n_head_kv: int, group: int) -> int:
 
 ATT_THREADS = constants()["ATT_THREADS"]  # attn_rows / attn_decode blocks
 TCD_THREADS = constants()["TCD_THREADS"]  # attn_decode_tc blocks
+TCD_BK = constants()["TCD_BK"]  # attn_decode_tc's key tiles (cache blocks hold at least one)
 # Kernels that take dynamic shared memory on NVIDIA, and how much (attn_decode_tc's K/V rings;
 # their AMD build is empty and never launched).
 NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)}
