@@ -7,7 +7,7 @@ length and most splits. Default heads: Llama-3-8B's (32 query heads, 8 KV heads 
       [--splits 16 64] [--formats f16 q8_0] [--dirs new=kernels old=DIR] [--out DIR]
 
 --dirs compares kernel sources (an A/B of attention.hip): label=directory each. --tc adds
-attn_decode_tc (tensor cores) for the float16 cache (--tc-only: that kernel alone), each
+attn_decode_tc (tensor cores) for a float16 or Q8_0 cache (--tc-only: that kernel alone), each
 directory's with its own block and ring sizes (contract.h's TCD_*).
 
 Prints one JSON line per case and the device's copy bandwidth (a 2 GiB device-to-device copy),
@@ -31,6 +31,7 @@ from forge_hip.contract import constants, kernel_signatures  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS, row_bytes  # noqa: E402
 from forge_hip.library import (  # noqa: E402
     ATT_THREADS,
+    TCD_FORMATS,
     HipKernel,
     KernelLibrary,
     attn_decode_blocks,
@@ -69,19 +70,21 @@ def kernel(lib, name: str, directory: str):
                    overlaps=True)  # fmt: skip
 
 
-def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n: int) -> dict:
-    """attn_decode_tc (tensor cores, float16 cache; its queries already rotated, as after
-    qk_rope_store) on the same kind of case."""
+def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n: int,
+             fmt: KvFormat = KvFormat.F16) -> dict:  # fmt: skip
+    """attn_decode_tc (tensor cores, float16 or Q8_0 cache; its queries already rotated, as
+    after qk_rope_store) on the same kind of case."""
     H, KVH, D = heads
-    c = Case(np.random.default_rng(0), H, KVH, D, D, [position], KvFormat.F16)
+    c = Case(np.random.default_rng(0), H, KVH, D, D, [position], fmt)
     b = c.buffers(dev, splits)
-    name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, KvFormat.F16)
+    name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, fmt)
     sizes = constants(str(Path(directory).resolve()))  # (that source's block and ring sizes)
-    tc = rt.reserve_shared(kernel(lib, name, directory), sizes[f"TCD_SMEM_{D}"])
+    smem = sizes[f"TCD_SMEM_{D}" if fmt is KvFormat.F16 else f"TCD_SMEM_Q8_{D}"]
+    tc = rt.reserve_shared(kernel(lib, name, directory), smem)
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
     launch = (tc, (KVH, 1, splits), (sizes["TCD_THREADS"],), args)
-    return timed(rt, launch, n, KvFormat.F16, heads, position, splits)
+    return timed(rt, launch, n, fmt, heads, position, splits)
 
 
 def timed(rt, launch, n: int, fmt: KvFormat, heads, position: int, splits: int) -> dict:
@@ -148,8 +151,8 @@ def main() -> int:
                     for grouped in kinds:
                         record(label, probe, directory, a.heads, p, splits, fmt, grouped,
                                a.launches)  # fmt: skip
-                    if (a.tc or a.tc_only) and fmt is KvFormat.F16:
-                        record(label, probe_tc, directory, a.heads, p, splits, a.launches)
+                    if (a.tc or a.tc_only) and fmt in TCD_FORMATS:
+                        record(label, probe_tc, directory, a.heads, p, splits, a.launches, fmt)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "attn_probe.json").write_text(json.dumps(results, indent=1))

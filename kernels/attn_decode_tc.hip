@@ -1,4 +1,6 @@
-// attn_decode_tc.hip: decode attention on tensor cores (NVIDIA) over a float16 paged cache.
+// attn_decode_tc.hip: decode attention on tensor cores (NVIDIA) over a float16 or Q8_0 paged
+// cache (Q8_0 rows are copied as cached and turned into float16 tiles in shared memory, each value
+// rounded once, before the same products).
 //
 // Each row r is one new token of its own sequence whose Q/K are already normed and rotated and
 // whose K/V are already in the cache (qk_rope_store). A block takes one KV head of one row over
@@ -14,12 +16,12 @@
 // warps merge in shared memory; with several splits each block writes its partial and the last
 // of a (row, KV head) to finish, found through an atomic counter (zero between launches), merges.
 //
-// Kernels attn_decode_tc64 / attn_decode_tc128 (D = Dv = 64 / 128): q [R, H, D] ->
-// out [R, H, D]; grid = (Hkv, R, max splits), block = TCD_THREADS, dynamic shared memory
-// TCD_SMEM_64 / TCD_SMEM_128. part_o [R H max splits, D], part_ml [.., 2], cnt [R H]; sinks [H]
-// or null (gpt-oss: one more softmax term of value zero); window > 0: the last `window`
-// positions only; cache blocks of block_size >= TCD_BK positions. On AMD the kernels are empty:
-// the plan takes them on NVIDIA only.
+// Kernels attn_decode_tc64 / attn_decode_tc128 (D = Dv = 64 / 128; _q8: a Q8_0 cache): q [R, H,
+// D] -> out [R, H, D]; grid = (Hkv, R, max splits), block = TCD_THREADS, dynamic shared memory
+// TCD_SMEM_64 / TCD_SMEM_128 (TCD_SMEM_Q8_64 / TCD_SMEM_Q8_128). part_o [R H max splits, D],
+// part_ml [.., 2], cnt [R H]; sinks [H] or null (gpt-oss: one more softmax term of value zero);
+// window > 0: the last `window` positions only; cache blocks of block_size >= TCD_BK positions.
+// On AMD the kernels are empty: the plan takes them on NVIDIA only.
 #include "forge_hip.h"
 
 #define TCD_NEG (-1.0e30f)
@@ -28,7 +30,7 @@
 
 struct TcdArgs {
     const float* q;
-    const u16 *kc, *vc;
+    const void *kc, *vc;  // float16 rows, or Q8_0 rows of TcdQ8<D>::RB bytes
     const i32 *bt, *btoff, *pos;
     float *part_o, *part_ml;
     u32* cnt;
@@ -58,8 +60,64 @@ FORGE_DEV void tcd_issue(const TcdArgs& g, const i32* table, int kvh, int key0, 
         const bool ok = key0 + row < end;
         const i64 slot = ok ? (r0 + row < bs ? base0 : base1) + r0 + row : 0;
         const i64 off = (slot * g.Hkv + kvh) * D + col;
-        cp_async16(stage + row * LD + col, g.kc + off, ok);
-        cp_async16(vs + row * LD + col, g.vc + off, ok);
+        cp_async16(stage + row * LD + col, (const u16*)g.kc + off, ok);
+        cp_async16(vs + row * LD + col, (const u16*)g.vc + off, ok);
+    }
+}
+
+// Bytes of a Q8_0 cache row of D values (kv_format.h: the codes, the f16 scales, padded to 8).
+template <int D> struct TcdQ8 {
+    static constexpr int RB = (D + 2 * (D / 32) + 7) & ~7;
+};
+
+// The Q8_0 form of tcd_issue: the tile's K then V rows as they are cached (RB bytes each, 8-byte
+// aligned: copied in pieces of 8 bytes), for tcd_dequant to turn into float16 tiles.
+template <int D>
+FORGE_DEV void tcd_issue_q8(const TcdArgs& g, const i32* table, int kvh, int key0, int end,
+                            char* stage, int lane) {
+    constexpr int RB = TcdQ8<D>::RB, CH = RB / 8, N = 2 * TCD_BK * CH;
+    static_assert(N % 32 == 0, "a tile's 8-byte pieces split evenly over a warp");
+    const int bs = g.block_size, b0 = key0 / bs, r0 = key0 - b0 * bs;
+    const i64 base0 = key0 < end ? (i64)table[b0] * bs : 0;
+    const i64 base1 = b0 * bs + bs < end ? (i64)table[b0 + 1] * bs - bs : 0;
+#pragma unroll
+    for (int j = 0; j < N / 32; ++j) {
+        const int idx = j * 32 + lane, m = idx / (TCD_BK * CH), rem = idx - m * TCD_BK * CH;
+        const int row = rem / CH, c = rem - row * CH;
+        const bool ok = key0 + row < end;
+        const i64 slot = ok ? (r0 + row < bs ? base0 : base1) + r0 + row : 0;
+        const char* src = (const char*)(m ? g.vc : g.kc) + (slot * g.Hkv + kvh) * RB + 8 * c;
+        cp_async8(stage + (m * TCD_BK + row) * RB + 8 * c, src, ok);
+    }
+}
+
+// Four Q8_0 codes (bytes sel's two of `codes`) times the scale pair d2, as float16 pairs: each
+// code biased into the mantissa of 1024 (0x64XX = 1152 + code), 1152 taken off exactly, then
+// one rounded product, as rounding code * scale to float16.
+FORGE_DEV u32 tcd_q8_pair(u32 codes, u32 sel, u32 d2) {
+    const u32 h = __byte_perm(codes ^ 0x80808080u, 0x64646464u, sel);
+    u32 r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(d2));
+    return r;
+}
+
+// A warp's staged Q8_0 tile (K rows then V rows) as float16 rows LD halves apart, the layout
+// tcd_issue gives a float16 cache.
+template <int D, int LD> FORGE_DEV void tcd_dequant(const char* raw, u16* tile, int lane) {
+    constexpr int RB = TcdQ8<D>::RB, W = 2 * TCD_BK * (D / 8);
+#pragma unroll
+    for (int j = 0; j < W / 32; ++j) {
+        const int w = j * 32 + lane, row = w / (D / 8), c8 = w % (D / 8);
+        const char* src = raw + row * RB;
+        const uint2 codes = *(const uint2*)(src + 8 * c8);
+        const u32 d = *(const u16*)(src + D + 2 * (c8 / 4)), d2 = d | (d << 16);
+        uint4 out;
+        out.x = tcd_q8_pair(codes.x, 0x5150u, d2);
+        out.y = tcd_q8_pair(codes.x, 0x5352u, d2);
+        out.z = tcd_q8_pair(codes.y, 0x5150u, d2);
+        out.w = tcd_q8_pair(codes.y, 0x5352u, d2);
+        *(uint4*)(tile + row * LD + 8 * c8) = out;
     }
 }
 
@@ -90,7 +148,8 @@ FORGE_DEV void tcd_merge(const TcdArgs& g, i64 rh0, int h0, int G, int n_eff, in
         for (int o = 16; o > 0; o /= 2) l += shfl_xor(l, o);
         l += g.sinks ? exp2f(sink - gm) : 0.0f;
         __syncwarp();  // every lane has read the row's maxima before they become weights
-        for (int i = lane; i < n_eff; i += 32) w[row * n_eff + i] = exp2f(w[row * n_eff + i] - gm) / l;
+        for (int i = lane; i < n_eff; i += 32)
+            w[row * n_eff + i] = exp2f(w[row * n_eff + i] - gm) / l;
     }
     __syncthreads();
     for (int t = threadIdx.x; t < G * D / 4; t += blockDim.x) {
@@ -110,8 +169,19 @@ FORGE_DEV void tcd_merge(const TcdArgs& g, i64 rh0, int h0, int G, int n_eff, in
     }
 }
 
-template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag) {
-    constexpr int LD = D + 8, STAGE = 2 * TCD_BK * LD;
+template <int D, int LD, bool Q8>
+FORGE_DEV void tcd_stage(const TcdArgs& g, const i32* table, int kvh, int key0, int end, u16* stage,
+                         int lane) {
+    if (Q8) tcd_issue_q8<D>(g, table, kvh, key0, end, (char*)stage, lane);
+    else tcd_issue<D, LD>(g, table, kvh, key0, end, stage, lane);
+}
+
+template <int D, bool Q8> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag) {
+    // a warp's ring of TCD_STAGES stages (float16 tiles, or Q8_0 rows as cached, in halves),
+    // then with Q8_0 the float16 tile they are turned into
+    constexpr int LD = D + 8, TILE = 2 * TCD_BK * LD;
+    constexpr int STAGE = Q8 ? TCD_BK * TcdQ8<D>::RB : TILE;
+    constexpr int WARP_HALVES = TCD_STAGES * STAGE + (Q8 ? TILE : 0);
     const int kvh = blockIdx.x, r = blockIdx.y, s = blockIdx.z, n_grid = gridDim.z;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = g.H / g.Hkv;
     // The split rule of attention.hip's att_split (without its short splits for few blocks:
@@ -124,7 +194,7 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
     const int per = (len + n_eff - 1) / n_eff, begin = lo + s * per;
     const int end = begin + per < n_kv ? begin + per : n_kv;
     const i32* table = g.bt + g.btoff[r];
-    u16* ring = ring_all + warp * TCD_STAGES * STAGE;
+    u16* ring = ring_all + warp * WARP_HALVES;
     // Q fragments, scaled by scale * log2(e): rows r0 = lane / 4 and r1 = r0 + 8 (heads of the
     // group; zero past G), columns c, c + 1 (and + 8) of each 16-wide step.
     const int r0 = lane / 4, r1 = r0 + 8, c = (lane % 4) * 2;
@@ -149,20 +219,25 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
 #pragma unroll
     for (int i = 0; i < TCD_STAGES - 1; ++i) {
         if (i < mine)
-            tcd_issue<D, LD>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
-                             ring + i * STAGE, lane);
+            tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
+                                 ring + i * STAGE, lane);
         cp_async_commit();
     }
     const int mat = lane / 8, mr = lane % 8;  // the ldmatrix tile and row this lane addresses
     for (int i = 0; i < mine; ++i) {
         const int ahead = i + TCD_STAGES - 1;
         if (ahead < mine)
-            tcd_issue<D, LD>(g, table, kvh, begin + (warp + ahead * TCD_WARPS) * TCD_BK, end,
-                             ring + (ahead % TCD_STAGES) * STAGE, lane);
+            tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + ahead * TCD_WARPS) * TCD_BK, end,
+                                 ring + (ahead % TCD_STAGES) * STAGE, lane);
         cp_async_commit();
         cp_async_wait<TCD_STAGES - 1>();
         __syncwarp();
         const u16* ks = ring + (i % TCD_STAGES) * STAGE;
+        if (Q8) {
+            tcd_dequant<D, LD>((const char*)ks, ring + TCD_STAGES * STAGE, lane);
+            __syncwarp();
+            ks = ring + TCD_STAGES * STAGE;
+        }
         const u16* vs = ks + TCD_BK * LD;
         // S (16 heads x 16 keys): tiles of keys 0-7 and 8-15, each from two 8 x 8 ldmatrix tiles
         float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -296,14 +371,14 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
         float *part_ml, u32 *cnt, float *out, int H, int Hkv, int block_size, float scale,     \
         int window, const float *sinks
 #if defined(FORGE_NV)
-#define TCD_KERNEL_BODY(D)                                                                      \
+#define TCD_KERNEL_BODY(D, Q8)                                                                  \
     extern __shared__ __align__(16) u16 tcd_ring[];                                             \
     __shared__ int flag;                                                                        \
-    const TcdArgs g = {q, (const u16*)kc, (const u16*)vc, bt, btoff, pos, part_o, part_ml, cnt, \
-                       out, H, Hkv, block_size, scale, window, sinks};                          \
-    tcd_body<D>(g, tcd_ring, &flag);
+    const TcdArgs g = {q, kc, vc, bt, btoff, pos, part_o, part_ml, cnt, out, H, Hkv,         \
+                       block_size, scale, window, sinks};                                       \
+    tcd_body<D, Q8>(g, tcd_ring, &flag);
 #else
-#define TCD_KERNEL_BODY(D)                                                                      \
+#define TCD_KERNEL_BODY(D, Q8)                                                                  \
     (void)q, (void)kc, (void)vc, (void)bt, (void)btoff, (void)pos, (void)part_o, (void)part_ml; \
     (void)cnt, (void)out, (void)H, (void)Hkv, (void)block_size, (void)scale, (void)window;      \
     (void)sinks;
@@ -311,11 +386,19 @@ template <int D> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* f
 
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64(TCD_PARAMS) {
     FORGE_GRID_WAIT();
-    TCD_KERNEL_BODY(64)
+    TCD_KERNEL_BODY(64, false)
 }
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc128(TCD_PARAMS) {
     FORGE_GRID_WAIT();
-    TCD_KERNEL_BODY(128)
+    TCD_KERNEL_BODY(128, false)
+}
+FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64_q8(TCD_PARAMS) {
+    FORGE_GRID_WAIT();
+    TCD_KERNEL_BODY(64, true)
+}
+FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc128_q8(TCD_PARAMS) {
+    FORGE_GRID_WAIT();
+    TCD_KERNEL_BODY(128, true)
 }
 #undef TCD_KERNEL_BODY
 #undef TCD_PARAMS

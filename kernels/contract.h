@@ -68,6 +68,9 @@
 #define TCD_SPLIT_MIN 256 // ... keys of a split at least
 #define TCD_SMEM_64 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (64 + 8) * 2)  // dynamic bytes
 #define TCD_SMEM_128 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (128 + 8) * 2)
+// ... with a Q8_0 cache: the ring holds rows as cached (72 / 136 bytes), plus a float16 tile a warp
+#define TCD_SMEM_Q8_64 (TCD_THREADS / 32 * (TCD_STAGES * 2 * TCD_BK * 72 + TCD_BK * (64 + 8) * 4))
+#define TCD_SMEM_Q8_128 (TCD_THREADS / 32 * (TCD_STAGES * 2 * TCD_BK * 136 + TCD_BK * (128 + 8) * 4))
 #define MOE_THREADS 1024   // moe.hip moe_route: most threads of its one block (>= E)
 #define MOE_MAX_EXPERTS 1024  // moe.hip: most experts of a layer
 #define MOE_MAX_PAIRS 8192    // moe.hip: most (token, chosen expert) pairs of one pass

@@ -176,6 +176,11 @@ FORGE_DEV void cp_async16(void* dst, const void* src, bool valid) {
                  "r"(valid ? 16 : 0));
 }
 
+FORGE_DEV void cp_async8(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 8 : 0));
+}
+
 FORGE_DEV void cp_async4(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(valid ? 4 : 0));

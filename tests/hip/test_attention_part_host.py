@@ -15,7 +15,7 @@ from forge_hip.tuning import load_tuning
 
 from forge.backend import SeqBatch
 from forge.gguf import open_gguf
-from forge.kv_cache import KvFormat
+from forge.kv_cache import KvFormat, KvTypes
 from forge.models import build_spec
 from forge.models.rope import rope_frequencies
 from forge.plugins import get_plugin_manager
@@ -143,7 +143,10 @@ def test_tensor_core_decode_only_where_it_applies():
     assert attn_decode_tc_kernel(64, 64, 8, 8, h100, f16) == "attn_decode_tc64"  # one a KV head
     assert attn_decode_tc_kernel(128, 128, 32, 8, "gfx942", f16) is None  # NVIDIA sm_90 only
     assert attn_decode_tc_kernel(128, 128, 32, 8, "sm_89", f16) is None  # 100 KB a block
-    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, q8) is None  # float16 caches only
+    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, q8) == "attn_decode_tc128_q8"
+    assert attn_decode_tc_kernel(64, 64, 64, 8, h100, q8) == "attn_decode_tc64_q8"
+    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, KvFormat.Q4_0) is None  # f16, Q8_0 only
+    assert attn_decode_tc_kernel(128, 128, 32, 8, h100, KvFormat.BF16) is None
     assert attn_decode_tc_kernel(256, 256, 4, 1, h100, f16) is None  # heads of 64 or 128
     assert attn_decode_tc_kernel(128, 64, 32, 8, h100, f16) is None  # D == Dv
     assert attn_decode_tc_kernel(64, 64, 64, 2, h100, f16) is None  # at most 16 a KV head
@@ -188,6 +191,36 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
     want = min(runner.splits, max(1, 2 * fill * rt.props.compute_units // (rows * s.n_head_kv)))
     assert {rt.launches[i][1] for i in tc} == {(s.n_head_kv, rows, want)}
     assert {rt.shared[i] for i in tc} == {constants()["TCD_SMEM_64"]}
+    runner.close()
+
+
+@pytest.mark.parametrize("q8_knob", [False, True, None], ids=["off", "on", "default"])
+def test_a_q8_0_cache_decodes_on_tensor_cores_where_its_knob_says(golden_dir, hip_knobs, q8_knob):
+    """A Q8_0 cache takes attn_decode_tc64_q8 (with its own dynamic shared memory) when both
+    tc_decode and tc_decode_q8 are on (tuned/default.json: both), otherwise attn_decode."""
+    from forge_hip.runner import HipRunner
+
+    if q8_knob is not None:
+        hip_knobs(tc_decode=True, tc_decode_q8=q8_knob)
+    else:
+        load_tuning.cache_clear()
+    rt = NvidiaFake()
+    gguf = open_gguf(str(golden_dir / "models" / "qwen3-q8_0.gguf"))
+    q8 = KvTypes(KvFormat.Q8_0, KvFormat.Q8_0)
+    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt,
+                       kv_types=q8)  # fmt: skip
+    runner.allocate_kv(64, 16)
+    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
+    rt.launches.clear()
+    rt.shared.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
+    names = [n for n, _, _ in rt.launches if n.startswith("attn")]
+    if q8_knob is False:
+        assert set(names) == {"attn_decode_w64_g4"}
+    else:
+        assert names == ["attn_decode_tc64_q8"] * runner.spec.n_layer
+        tc = [i for i, (n, _, _) in enumerate(rt.launches) if n == "attn_decode_tc64_q8"]
+        assert {rt.shared[i] for i in tc} == {constants()["TCD_SMEM_Q8_64"]}
     runner.close()
 
 

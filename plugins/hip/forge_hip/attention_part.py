@@ -2,12 +2,12 @@
 output product (its bias when the model has one).
 
 Decode steps run one fused launch (attention.hip's attn_decode: Q/K norm and RoPE, the KV
-store, split attention and its merge), or (tuning knob `tc_decode`, NVIDIA, float16 cache)
-qk_rope_store then attn_decode_tc.hip (a KV head's query heads as the rows of tensor-core
-tiles); other passes run qk_rope_store, then attn_prefill.hip (many rows) or attn_rows. RoPE
-reads a per-layer frequency table for YaRN and Llama 3.1 scaling (`forge.models.rope`'s
-frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n) formula otherwise;
-gpt-oss's attention sinks join the softmax in every attention kernel.
+store, split attention and its merge), or (tuning knobs `tc_decode` / `tc_decode_q8`, NVIDIA,
+float16 / Q8_0 cache) qk_rope_store then attn_decode_tc.hip (a KV head's query heads as the rows
+of tensor-core tiles); other passes run qk_rope_store, then attn_prefill.hip (many rows) or
+attn_rows. RoPE reads a per-layer frequency table for YaRN and Llama 3.1 scaling
+(`forge.models.rope`'s frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n)
+formula otherwise; gpt-oss's attention sinks join the softmax in every attention kernel.
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ class Attentions:
 
     def tc_decode_kernel(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
-        and it applies (NVIDIA, float16, blocks of TCD_BK positions or more:
-        `attn_decode_tc_kernel`), else None (attn_decode)."""
+        (and for a Q8_0 cache `tc_decode_q8` too) and it applies (NVIDIA, float16 or Q8_0,
+        blocks of TCD_BK positions or more: `attn_decode_tc_kernel`), else None (attn_decode)."""
         if kv.format not in self._tc_kernels:
-            s, name = self.spec, None
-            if self._builtin and self.products.tune.tc_decode and kv.block_size >= TCD_BK:
+            s, name, tune = self.spec, None, self.products.tune
+            wanted = tune.tc_decode and (kv.format is not KvFormat.Q8_0 or tune.tc_decode_q8)
+            if self._builtin and wanted and kv.block_size >= TCD_BK:
                 arch = self.lib.runtime.props.arch
                 name = attn_decode_tc_kernel(s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv,
                                              arch, kv.format)  # fmt: skip

@@ -99,7 +99,7 @@ def plan_kernels() -> set[str]:
         "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
         *(f"attn_decode_w{w}_g{ATT_DECODE_GROUP}" for w in ATT_DECODE_WIDTHS[:-1]),
-        "attn_decode_tc64", "attn_decode_tc128",
+        "attn_decode_tc64", "attn_decode_tc128", "attn_decode_tc64_q8", "attn_decode_tc128_q8",
         *(f"attn_prefill_{q}{d}" for q in ("", "q") for d in (64, 128, 256)),
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
@@ -143,21 +143,28 @@ TCD_THREADS = constants()["TCD_THREADS"]  # attn_decode_tc blocks
 TCD_BK = constants()["TCD_BK"]  # attn_decode_tc's key tiles (cache blocks hold at least one)
 # Kernels that take dynamic shared memory on NVIDIA, and how much (attn_decode_tc's K/V rings;
 # their AMD build is empty and never launched).
-NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)}
+NV_DYNAMIC_SHARED = {
+    **{f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)},
+    **{f"attn_decode_tc{d}_q8": constants()[f"TCD_SMEM_Q8_{d}"] for d in (64, 128)},
+}
+
+
+TCD_FORMATS = {KvFormat.F16: "", KvFormat.Q8_0: "_q8"}  # caches attn_decode_tc reads: name suffix
 
 
 def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: str,
                           kv: KvFormat) -> str | None:  # fmt: skip
-    """The tensor-core decode attention for these heads (attn_decode_tc.hip: a float16 cache,
-    head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None. Only on
-    sm_90 (H100/H200), where it was measured: its 104 KB of shared memory for heads of 128 do
-    not fit a block of sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two the plan's
-    splits count on."""
+    """The tensor-core decode attention for these heads (attn_decode_tc.hip: a float16 or
+    Q8_0 cache, head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None.
+    Only on sm_90 (H100/H200), where it was measured: its 104 KB of shared memory for heads of
+    128 do not fit a block of sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two
+    the plan's splits count on."""
     group = n_head // n_head_kv
     fits = d == dv and d in (64, 128) and n_head % n_head_kv == 0
-    if arch != "sm_90" or kv is not KvFormat.F16 or not fits:
+    if arch != "sm_90" or kv not in TCD_FORMATS or not fits:
         return None
-    return f"attn_decode_tc{d}" if group <= constants()["TCD_MAX_GROUP"] else None
+    name = f"attn_decode_tc{d}{TCD_FORMATS[kv]}"
+    return name if group <= constants()["TCD_MAX_GROUP"] else None
 
 
 ATT_MAX_D = constants()["LAYER_MAX_D"]  # largest head dimension of the attention kernels

@@ -65,6 +65,7 @@ class Tuning:
     mmq_blocks_per_cu: int
     att_fill: int
     tc_decode: bool
+    tc_decode_q8: bool
     att_rows_max: int
     ap_fill: int
     gemm_tile_fill: int
