@@ -86,10 +86,12 @@ def _decode(runner, table, token: int, pos: int, n: int, sync: bool) -> None:
     """n greedy steps from `token` at `pos`; returns once the last step's token is read."""
 
     def step(tokens: np.ndarray, p: int) -> list[SeqBatch]:
-        table.trim(p)
+        table.trim(p - 1)  # (as the engine: a step in flight still queries position p - 1)
         table.ensure(p + 1)
         return [SeqBatch(tokens, p, table.array(), "last", table.window_arrays())]
 
+    if n <= 0:
+        return
     if sync or not (runner.feeds_picks and runner.samples_on_device):
         for p in range(pos, pos + n):
             token = runner.forward_argmax(step(np.array([token], np.int32), p))[0]

@@ -226,16 +226,21 @@ def test_a_q8_0_cache_decodes_on_tensor_cores_where_its_knob_says(golden_dir, hi
 
 def test_cache_blocks_shorter_than_a_tensor_core_tile_take_attn_decode(golden_dir, hip_knobs):
     """attn_decode_tc finds each key tile's cache blocks once a tile (at most two, so blocks
-    hold TCD_BK positions or more): a cache of shorter blocks decodes with attn_decode."""
+    hold TCD_BK positions or more): a cache of shorter blocks decodes with attn_decode, also
+    after the same runner decoded on tensor cores over a cache of longer ones."""
     hip_knobs(tc_decode=True)
     rt = NvidiaFake()
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
+
+    def decode_kernels() -> set[str]:
+        runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
+        rt.launches.clear()
+        runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
+        return {n for n, _, _ in rt.launches if n.startswith("attn")}
+
+    assert decode_kernels() == {"attn_decode_tc64"}  # blocks of 16 (_runner's)
     runner.allocate_kv(128, TCD_BK // 2)
-    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
-    rt.launches.clear()
-    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
-    names = {n for n, _, _ in rt.launches if n.startswith("attn")}
-    assert names == {"attn_decode_w64_g4"}
+    assert decode_kernels() == {"attn_decode_w64_g4"}
     runner.close()
 
 

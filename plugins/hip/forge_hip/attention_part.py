@@ -95,15 +95,16 @@ class Attentions:
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
         (and for a Q8_0 cache `tc_decode_q8` too) and it applies (NVIDIA, float16 or Q8_0,
         blocks of TCD_BK positions or more: `attn_decode_tc_kernel`), else None (attn_decode)."""
-        if kv.format not in self._tc_kernels:
+        key = (kv.format, kv.block_size)  # (a runner's cache may be allocated again)
+        if key not in self._tc_kernels:
             s, name, tune = self.spec, None, self.products.tune
             wanted = tune.tc_decode and (kv.format is not KvFormat.Q8_0 or tune.tc_decode_q8)
             if self._builtin and wanted and kv.block_size >= TCD_BK:
                 arch = self.lib.runtime.props.arch
                 name = attn_decode_tc_kernel(s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv,
                                              arch, kv.format)  # fmt: skip
-            self._tc_kernels[kv.format] = self.lib.get(name) if name else None
-        return self._tc_kernels[kv.format]
+            self._tc_kernels[key] = self.lib.get(name) if name else None
+        return self._tc_kernels[key]
 
     def decode_splits(self, kv, rows: int, fill: int) -> int:  # noqa: ANN001 - a KvCache
         """Most splits of a decode step's attention: as many as keep `fill` blocks per compute
