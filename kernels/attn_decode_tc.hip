@@ -42,23 +42,37 @@ struct TcdArgs {
 };
 
 #if defined(FORGE_NV)
-// Copy tile positions [key0, key0 + TCD_BK) of KV head kvh (zeros past end) into a stage: K rows
-// then V rows, LD halves apart; each lane D / 16 pieces of 16 bytes of each. Cache blocks hold
-// TCD_BK positions or more (the plan's condition), so a tile spans at most two: their table
+// The cache slots of a tile of positions [key0, key0 + TCD_BK) (those before `end`). Cache blocks
+// hold TCD_BK positions or more (the plan's condition), so a tile spans at most two: their table
 // entries are found once a tile, not with a division and a table read for every row a lane
 // copies (as many instructions as the tile's products).
+struct TcdTile {
+    int bs, r0;
+    i64 base0, base1;
+
+    FORGE_DEV TcdTile(const TcdArgs& g, const i32* table, int key0, int end) {
+        bs = g.block_size;
+        const int b0 = key0 / bs;
+        r0 = key0 - b0 * bs;
+        base0 = key0 < end ? (i64)table[b0] * bs : 0;
+        base1 = b0 * bs + bs < end ? (i64)table[b0 + 1] * bs - bs : 0;
+    }
+    // The cache slot of the tile's row `row` (a valid one: before the split's end).
+    FORGE_DEV i64 slot(int row) const { return (r0 + row < bs ? base0 : base1) + r0 + row; }
+};
+
+// Copy tile positions [key0, key0 + TCD_BK) of KV head kvh (zeros past end) into a stage: K rows
+// then V rows, LD halves apart; each lane D / 16 pieces of 16 bytes of each.
 template <int D, int LD>
 FORGE_DEV void tcd_issue(const TcdArgs& g, const i32* table, int kvh, int key0, int end, u16* stage,
                          int lane) {
     u16* vs = stage + TCD_BK * LD;
-    const int bs = g.block_size, b0 = key0 / bs, r0 = key0 - b0 * bs;
-    const i64 base0 = key0 < end ? (i64)table[b0] * bs : 0;
-    const i64 base1 = b0 * bs + bs < end ? (i64)table[b0 + 1] * bs - bs : 0;
+    const TcdTile tile(g, table, key0, end);
 #pragma unroll
     for (int i = 0; i < TCD_BK * D / 8 / 32; ++i) {
         const int idx = i * 32 + lane, row = idx / (D / 8), col = (idx % (D / 8)) * 8;
         const bool ok = key0 + row < end;
-        const i64 slot = ok ? (r0 + row < bs ? base0 : base1) + r0 + row : 0;
+        const i64 slot = ok ? tile.slot(row) : 0;
         const i64 off = (slot * g.Hkv + kvh) * D + col;
         cp_async16(stage + row * LD + col, (const u16*)g.kc + off, ok);
         cp_async16(vs + row * LD + col, (const u16*)g.vc + off, ok);
@@ -77,15 +91,13 @@ FORGE_DEV void tcd_issue_q8(const TcdArgs& g, const i32* table, int kvh, int key
                             char* stage, int lane) {
     constexpr int RB = TcdQ8<D>::RB, CH = RB / 8, N = 2 * TCD_BK * CH;
     static_assert(N % 32 == 0, "a tile's 8-byte pieces split evenly over a warp");
-    const int bs = g.block_size, b0 = key0 / bs, r0 = key0 - b0 * bs;
-    const i64 base0 = key0 < end ? (i64)table[b0] * bs : 0;
-    const i64 base1 = b0 * bs + bs < end ? (i64)table[b0 + 1] * bs - bs : 0;
+    const TcdTile tile(g, table, key0, end);
 #pragma unroll
     for (int j = 0; j < N / 32; ++j) {
         const int idx = j * 32 + lane, m = idx / (TCD_BK * CH), rem = idx - m * TCD_BK * CH;
         const int row = rem / CH, c = rem - row * CH;
         const bool ok = key0 + row < end;
-        const i64 slot = ok ? (r0 + row < bs ? base0 : base1) + r0 + row : 0;
+        const i64 slot = ok ? tile.slot(row) : 0;
         const char* src = (const char*)(m ? g.vc : g.kc) + (slot * g.Hkv + kvh) * RB + 8 * c;
         cp_async8(stage + (m * TCD_BK + row) * RB + 8 * c, src, ok);
     }
