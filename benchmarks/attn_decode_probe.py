@@ -37,6 +37,7 @@ from forge_hip.library import (  # noqa: E402
     attn_decode_blocks,
     attn_decode_kernel,
     attn_decode_tc_kernel,
+    tcd_shared_bytes,
 )
 from forge_hip.runtime import open_runtime  # noqa: E402
 
@@ -78,12 +79,11 @@ def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n:
     c = Case(np.random.default_rng(0), H, KVH, D, D, [position], fmt)
     b = c.buffers(dev, splits)
     name = attn_decode_tc_kernel(D, D, H, KVH, rt.props.arch, fmt)
-    sizes = constants(str(Path(directory).resolve()))  # (that source's block and ring sizes)
-    smem = sizes[f"TCD_SMEM_{D}" if fmt is KvFormat.F16 else f"TCD_SMEM_Q8_{D}"]
-    tc = rt.reserve_shared(kernel(lib, name, directory), smem)
+    source = str(Path(directory).resolve())  # (that source's block and ring sizes)
+    tc = rt.reserve_shared(kernel(lib, name, directory), tcd_shared_bytes(D, fmt, source))
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
-    launch = (tc, (KVH, 1, splits), (sizes["TCD_THREADS"],), args)
+    launch = (tc, (KVH, 1, splits), (constants(source)["TCD_THREADS"],), args)
     return timed(rt, launch, n, fmt, heads, position, splits)
 
 

@@ -99,7 +99,7 @@ def plan_kernels() -> set[str]:
         "mask_logits", "unshard_rows",
         *(f"attn_decode_w{w}" for w in ATT_DECODE_WIDTHS),
         *(f"attn_decode_w{w}_g{ATT_DECODE_GROUP}" for w in ATT_DECODE_WIDTHS[:-1]),
-        "attn_decode_tc64", "attn_decode_tc128", "attn_decode_tc64_q8", "attn_decode_tc128_q8",
+        *(f"attn_decode_tc{d}{sfx}" for d in TCD_HEAD_DIMS for sfx in TCD_FORMATS.values()),
         *(f"attn_prefill_{q}{d}" for q in ("", "q") for d in (64, 128, 256)),
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
@@ -141,15 +141,20 @@ def attn_decode_blocks(n_head: int, n_head_kv: int, group: int) -> int:
 ATT_THREADS = constants()["ATT_THREADS"]  # attn_rows / attn_decode blocks
 TCD_THREADS = constants()["TCD_THREADS"]  # attn_decode_tc blocks
 TCD_BK = constants()["TCD_BK"]  # attn_decode_tc's key tiles (cache blocks hold at least one)
+TCD_HEAD_DIMS = (64, 128)  # attn_decode_tc's head sizes (attn_decode_tc64, attn_decode_tc128)
+TCD_FORMATS = {KvFormat.F16: "", KvFormat.Q8_0: "_q8"}  # caches attn_decode_tc reads: name suffix
+
+
+def tcd_shared_bytes(d: int, kv: KvFormat, directory: str | None = None) -> int:
+    """Dynamic shared memory of attn_decode_tc for heads of d over a `kv` cache (contract.h's
+    TCD_SMEM_<d> / TCD_SMEM_Q8_<d>, of `directory`'s sources when given)."""
+    return constants(directory)[f"TCD_SMEM{TCD_FORMATS[kv].upper()}_{d}"]
+
+
 # Kernels that take dynamic shared memory on NVIDIA, and how much (attn_decode_tc's K/V rings;
 # their AMD build is empty and never launched).
-NV_DYNAMIC_SHARED = {
-    **{f"attn_decode_tc{d}": constants()[f"TCD_SMEM_{d}"] for d in (64, 128)},
-    **{f"attn_decode_tc{d}_q8": constants()[f"TCD_SMEM_Q8_{d}"] for d in (64, 128)},
-}
-
-
-TCD_FORMATS = {KvFormat.F16: "", KvFormat.Q8_0: "_q8"}  # caches attn_decode_tc reads: name suffix
+NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}{sfx}": tcd_shared_bytes(d, kv)
+                     for d in TCD_HEAD_DIMS for kv, sfx in TCD_FORMATS.items()}  # fmt: skip
 
 
 def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: str,
@@ -160,7 +165,7 @@ def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: st
     128 do not fit a block of sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two
     the plan's splits count on."""
     group = n_head // n_head_kv
-    fits = d == dv and d in (64, 128) and n_head % n_head_kv == 0
+    fits = d == dv and d in TCD_HEAD_DIMS and n_head % n_head_kv == 0
     if arch != "sm_90" or kv not in TCD_FORMATS or not fits:
         return None
     name = f"attn_decode_tc{d}{TCD_FORMATS[kv]}"
