@@ -38,13 +38,25 @@ DECODE_SINKS = 29  # attn_decode's sinks argument (the grouped kernels take H af
 PREFILL_SINKS = 16  # attn_prefill's (its split partials, counters and splits after it)
 
 
-def _runner(golden_dir, name, rt):
+def _runner(golden_dir, name, rt, kv_types=None):
     from forge_hip.runner import HipRunner
 
     gguf = open_gguf(str(golden_dir / "models" / name))
-    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt)
+    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt,
+                       kv_types=kv_types)  # fmt: skip
     runner.allocate_kv(64, 16)
     return runner
+
+
+def _decode_step(runner, rt, rows: int = 1) -> None:
+    """Prompts of 3 tokens in `rows` sequences, then one decode step of each: `rt` records the
+    decode step's launches (and shared memory) alone."""
+    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([r]), "last")
+                    for r in range(rows)])  # fmt: skip
+    rt.launches.clear()
+    rt.shared.clear()
+    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([r]), "last")
+                    for r in range(rows)])  # fmt: skip
 
 
 def _args(rt, prefix: str) -> list[list[int]]:
@@ -173,13 +185,7 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
         load_tuning.cache_clear()  # tuned/default.json's value
     rt = NvidiaFake()
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
-    batch = [SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([r]), "last")
-             for r in range(rows)]  # fmt: skip
-    runner.forward(batch)
-    rt.launches.clear()
-    rt.shared.clear()
-    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([r]), "last")
-                    for r in range(rows)])  # fmt: skip
+    _decode_step(runner, rt, rows)
     names = [n for n, _, _ in rt.launches if n.startswith(("qk_rope", "attn"))]
     s = runner.spec
     if knob is False:
@@ -198,22 +204,14 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
 def test_a_q8_0_cache_decodes_on_tensor_cores_where_its_knob_says(golden_dir, hip_knobs, q8_knob):
     """A Q8_0 cache takes attn_decode_tc64_q8 (with its own dynamic shared memory) when both
     tc_decode and tc_decode_q8 are on (tuned/default.json: both), otherwise attn_decode."""
-    from forge_hip.runner import HipRunner
-
     if q8_knob is not None:
         hip_knobs(tc_decode=True, tc_decode_q8=q8_knob)
     else:
         load_tuning.cache_clear()
     rt = NvidiaFake()
-    gguf = open_gguf(str(golden_dir / "models" / "qwen3-q8_0.gguf"))
     q8 = KvTypes(KvFormat.Q8_0, KvFormat.Q8_0)
-    runner = HipRunner(build_spec(gguf), gguf, get_plugin_manager().kernels, runtime=rt,
-                       kv_types=q8)  # fmt: skip
-    runner.allocate_kv(64, 16)
-    runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
-    rt.launches.clear()
-    rt.shared.clear()
-    runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
+    runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt, q8)
+    _decode_step(runner, rt)
     names = [n for n, _, _ in rt.launches if n.startswith("attn")]
     if q8_knob is False:
         assert set(names) == {"attn_decode_w64_g4"}
@@ -233,9 +231,7 @@ def test_cache_blocks_shorter_than_a_tensor_core_tile_take_attn_decode(golden_di
     runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt)
 
     def decode_kernels() -> set[str]:
-        runner.forward([SeqBatch(np.arange(1, 4, dtype=np.int32), 0, np.array([0]), "last")])
-        rt.launches.clear()
-        runner.forward([SeqBatch(np.array([5], np.int32), 3, np.array([0]), "last")])
+        _decode_step(runner, rt)
         return {n for n, _, _ in rt.launches if n.startswith("attn")}
 
     assert decode_kernels() == {"attn_decode_tc64"}  # blocks of 16 (_runner's)
