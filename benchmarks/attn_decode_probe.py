@@ -73,8 +73,9 @@ def kernel(lib, name: str, directory: str):
 
 def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n: int,
              fmt: KvFormat = KvFormat.F16) -> dict:  # fmt: skip
-    """attn_decode_tc (tensor cores, float16 or Q8_0 cache; its queries already rotated, as
-    after qk_rope_store) on the same kind of case."""
+    """attn_decode_tc (tensor cores, float16 or Q8_0 cache) on the same kind of case, in its
+    fused form (Q rotated, the row's K/V stored by the kernel, as the plan launches it) where
+    the source has one, else over queries already rotated (as after qk_rope_store)."""
     H, KVH, D = heads
     c = Case(np.random.default_rng(0), H, KVH, D, D, [position], fmt)
     b = c.buffers(dev, splits)
@@ -83,6 +84,9 @@ def probe_tc(rt, lib, dev, directory: str, heads, position: int, splits: int, n:
     tc = rt.reserve_shared(kernel(lib, name, directory), tcd_shared_bytes(D, fmt, source))
     args = [dev.put(c.q), b["kc"], b["vc"], dev.put(c.bt), dev.put(c.btoff), dev.put(c.pos),
             b["part_o"], b["part_ml"], b["cnt"], b["out"], H, KVH, BS, D**-0.5, 0, 0]  # fmt: skip
+    if len(tc.signature) > len(args):  # the fused form: new K/V, no norms, plain RoPE
+        args += [dev.put(c.k), dev.put(c.v), 0, 0, dev.put(c.slots), D, 0, 500000.0, 1.0, 0,
+                 1.0, 1e-5]  # fmt: skip
     launch = (tc, (KVH, 1, splits), (constants(source)["TCD_THREADS"],), args)
     return timed(rt, launch, n, fmt, heads, position, splits)
 

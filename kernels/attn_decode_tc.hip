@@ -2,11 +2,15 @@
 // cache (Q8_0 rows are copied as cached and turned into float16 tiles in shared memory, each value
 // rounded once, before the same products).
 //
-// Each row r is one new token of its own sequence whose Q/K are already normed and rotated and
-// whose K/V are already in the cache (qk_rope_store). A block takes one KV head of one row over
-// one split of the row's positions: the G = H / Hkv query heads of that KV head are the rows of
-// m16n8k16 tiles (zero rows past G), so each cached K/V row is read once for all of them and
-// both products run on tensor cores. attention.hip's attn_decode keeps those heads in registers
+// Each row r is one new token of its own sequence. Fused (k given): the kernel norms and rotates
+// the row's Q heads itself (each block its group's, into shared memory) and, in the block of the
+// last split, the warp whose tiles hold the row's own position stores the row's K/V into the
+// cache before it copies any, with attn_heads.h's functions, so the bits are qk_rope_store's;
+// this saves that launch and its wait in every decode layer.
+// Unfused (k null): Q is already normed and rotated and K/V already cached (qk_rope_store).
+// A block takes one KV head of one row over one split of the row's positions: the G = H / Hkv
+// query heads of that KV head are the rows of m16n8k16 tiles (zero rows past G), so each cached
+// K/V row is read once for all of them and both products run on tensor cores. attention.hip's attn_decode keeps those heads in registers
 // and spends a warp's arithmetic per position: at depth it held a block to ~1 TB/s, with its
 // loads made asynchronous or not (benchmarks/gpu_notes.md).
 // Each warp streams its own tiles of TCD_BK keys (tile w, w + warps, ...) into a ring of
@@ -21,8 +25,10 @@
 // TCD_SMEM_64 / TCD_SMEM_128 (TCD_SMEM_Q8_64 / TCD_SMEM_Q8_128). part_o [R H max splits, D],
 // part_ml [.., 2], cnt [R H]; sinks [H] or null (gpt-oss: one more softmax term of value zero);
 // window > 0: the last `window` positions only; cache blocks of block_size >= TCD_BK positions.
+// Fused: k [R, Hkv, D], v [R, Hkv, D], the norm weights (or null), slots [R] and the RoPE
+// arguments as qk_rope_store takes them (q is read, not written). D <= TCD_MAX_D.
 // On AMD the kernels are empty: the plan takes them on NVIDIA only.
-#include "forge_hip.h"
+#include "attn_heads.h"
 
 #define TCD_NEG (-1.0e30f)
 #define TCD_LOG2E 1.4426950408889634f
@@ -39,6 +45,21 @@ struct TcdArgs {
     float scale;
     int window;
     const float* sinks;
+    // the fused form's (k null: unfused)
+    const float *k, *v, *qnw, *knw;
+    const i32* slots;
+    int n_rot, neox;
+    float base, freq_scale;
+    const float* freqs;
+    float mscale, eps;
+};
+
+// Shared memory of the fused form's prologue (static, beside the dynamic ring, so the ring's first
+// copies are in flight while the queries are rotated).
+struct TcdPrologue {
+    float q[TCD_MAX_GROUP * TCD_MAX_D];  // the group's normed, rotated query heads
+    float rc[TCD_MAX_D];  // rope_table's cos/sin pairs
+    float xch[TCD_WARPS * TCD_MAX_D];  // each warp's exchange row (head_norm_rope)
 };
 
 #if defined(FORGE_NV)
@@ -188,7 +209,41 @@ FORGE_DEV void tcd_stage(const TcdArgs& g, const i32* table, int kvh, int key0, 
     else tcd_issue<D, LD>(g, table, kvh, key0, end, stage, lane);
 }
 
-template <int D, bool Q8> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag) {
+// The (LPP, VPL) layout attn_heads.h's functions take for heads of D (ATT_LAYOUT's, D <= 128).
+template <int D> struct TcdHead {
+    static constexpr int LPP = D <= 64 ? 8 : 16;
+};
+
+// Fused form: the row's K head (normed, rotated) and V head of KV head kvh into the cache, as
+// qk_rope_store stores them, by one warp (the one whose tiles hold the row's own position: its
+// copies come after these stores in its own order, so no other warp waits for them).
+template <int D, bool Q8>
+FORGE_DEV void tcd_store_kv(const TcdArgs& g, TcdPrologue& sp, int r, int kvh) {
+    constexpr int LPP = TcdHead<D>::LPP, FMT = Q8 ? KV_Q8_0 : KV_F16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const i64 row = (i64)g.slots[r] * g.Hkv + kvh, at = ((i64)r * g.Hkv + kvh) * D;
+    qk_head<LPP, 1>(g.k + at, nullptr, g.knw, (void*)g.kc, row, false, D, g.n_rot, g.neox, sp.rc,
+                    g.eps, FMT, sp.xch + warp * TCD_MAX_D);
+    if (Q8) {
+        v_head<LPP, 1>(g.v + at, (void*)g.vc, row, D, FMT);
+    } else {
+        for (int d = lane; d < D; d += 32) ((u16*)g.vc)[row * D + d] = f2h(g.v[at + d]);
+    }
+    __syncwarp();  // the stores are seen by the warp's later copies
+}
+
+// Fused form: the G query heads of KV head kvh, normed and rotated into sp.q (a warp a head).
+template <int D> FORGE_DEV void tcd_rope_q(const TcdArgs& g, TcdPrologue& sp, int r, int kvh,
+                                           int G) {
+    constexpr int LPP = TcdHead<D>::LPP;
+    const int warp = threadIdx.x / 32;
+    for (int j = warp; j < G; j += TCD_WARPS)
+        qk_head<LPP, 1>(g.q + ((i64)r * g.H + kvh * G + j) * D, sp.q + j * D, g.qnw, nullptr, 0,
+                        true, D, g.n_rot, g.neox, sp.rc, g.eps, KV_F16, sp.xch + warp * TCD_MAX_D);
+}
+
+template <int D, bool Q8>
+FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag, TcdPrologue& sp) {
     // a warp's ring of TCD_STAGES stages (float16 tiles, or Q8_0 rows as cached, in halves),
     // then with Q8_0 the float16 tile they are turned into
     constexpr int LD = D + 8, TILE = 2 * TCD_BK * LD;
@@ -207,12 +262,32 @@ template <int D, bool Q8> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_al
     const int end = begin + per < n_kv ? begin + per : n_kv;
     const i32* table = g.bt + g.btoff[r];
     u16* ring = ring_all + warp * WARP_HALVES;
+    const int tiles = (end - begin + TCD_BK - 1) / TCD_BK;
+    const bool fused = g.k != nullptr;
+    if (fused) {
+        rope_table(sp.rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base, g.freqs, g.mscale);
+        __syncthreads();
+        // the split holding the row's own position; the warp whose tiles hold it
+        if (s == n_eff - 1 && warp == (tiles - 1) % TCD_WARPS) tcd_store_kv<D, Q8>(g, sp, r, kvh);
+    }
+    const int mine = warp < tiles ? (tiles - warp + TCD_WARPS - 1) / TCD_WARPS : 0;
+#pragma unroll
+    for (int i = 0; i < TCD_STAGES - 1; ++i) {
+        if (i < mine)
+            tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
+                                 ring + i * STAGE, lane);
+        cp_async_commit();
+    }
+    if (fused) {  // (while the first tiles are on their way)
+        tcd_rope_q<D>(g, sp, r, kvh, G);
+        __syncthreads();
+    }
     // Q fragments, scaled by scale * log2(e): rows r0 = lane / 4 and r1 = r0 + 8 (heads of the
     // group; zero past G), columns c, c + 1 (and + 8) of each 16-wide step.
     const int r0 = lane / 4, r1 = r0 + 8, c = (lane % 4) * 2;
     const float qs = g.scale * TCD_LOG2E;
-    const float* q0 = g.q + ((i64)r * g.H + kvh * G + r0) * D;
-    const float* q1 = g.q + ((i64)r * g.H + kvh * G + r1) * D;
+    const float* qg = fused ? sp.q : g.q + ((i64)r * g.H + kvh * G) * D;
+    const float *q0 = qg + r0 * D, *q1 = qg + r1 * D;
     u32 qa[D / 16][4];
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
@@ -226,15 +301,6 @@ template <int D, bool Q8> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_al
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = TCD_NEG, m1 = TCD_NEG, l0 = 0.0f, l1 = 0.0f;
-    const int tiles = (end - begin + TCD_BK - 1) / TCD_BK;
-    const int mine = warp < tiles ? (tiles - warp + TCD_WARPS - 1) / TCD_WARPS : 0;
-#pragma unroll
-    for (int i = 0; i < TCD_STAGES - 1; ++i) {
-        if (i < mine)
-            tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
-                                 ring + i * STAGE, lane);
-        cp_async_commit();
-    }
     const int mat = lane / 8, mr = lane % 8;  // the ldmatrix tile and row this lane addresses
     for (int i = 0; i < mine; ++i) {
         const int ahead = i + TCD_STAGES - 1;
@@ -381,19 +447,24 @@ template <int D, bool Q8> FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_al
     const float *__restrict__ q, const void *kc, const void *vc, const i32 *__restrict__ bt,    \
         const i32 *__restrict__ btoff, const i32 *__restrict__ pos, float *part_o,             \
         float *part_ml, u32 *cnt, float *out, int H, int Hkv, int block_size, float scale,     \
-        int window, const float *sinks
+        int window, const float *sinks, const float *k, const float *v, const float *qnw,          \
+        const float *knw, const i32 *slots, int n_rot, int neox, float base, float freq_scale, \
+        const float *freqs, float mscale, float eps
 #if defined(FORGE_NV)
 #define TCD_KERNEL_BODY(D, Q8)                                                                  \
     extern __shared__ __align__(16) u16 tcd_ring[];                                             \
     __shared__ int flag;                                                                        \
-    const TcdArgs g = {q, kc, vc, bt, btoff, pos, part_o, part_ml, cnt, out, H, Hkv,         \
-                       block_size, scale, window, sinks};                                       \
-    tcd_body<D, Q8>(g, tcd_ring, &flag);
+    __shared__ TcdPrologue pro;                                                                 \
+    const TcdArgs g = {q,     kc,    vc,    bt,   btoff, pos,   part_o, part_ml, cnt,   out,   \
+                       H,     Hkv,   block_size, scale, window, sinks, k,   v,     qnw,   knw,  \
+                       slots, n_rot, neox,  base, freq_scale, freqs, mscale, eps};              \
+    tcd_body<D, Q8>(g, tcd_ring, &flag, pro);
 #else
 #define TCD_KERNEL_BODY(D, Q8)                                                                  \
     (void)q, (void)kc, (void)vc, (void)bt, (void)btoff, (void)pos, (void)part_o, (void)part_ml; \
     (void)cnt, (void)out, (void)H, (void)Hkv, (void)block_size, (void)scale, (void)window;      \
-    (void)sinks;
+    (void)sinks, (void)k, (void)v, (void)qnw, (void)knw, (void)slots, (void)n_rot, (void)neox;   \
+    (void)base, (void)freq_scale, (void)freqs, (void)mscale, (void)eps;
 #endif
 
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64(TCD_PARAMS) {

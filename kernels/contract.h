@@ -65,6 +65,7 @@
 #define TCD_STAGES 3      // ... key tiles in flight per warp (cp.async ring)
 #define TCD_BK 16         // ... keys of a tile
 #define TCD_MAX_GROUP 16  // ... most query heads a KV head serves (the rows of an mma tile)
+#define TCD_MAX_D 128     // ... largest head (the fused prologue's shared rows)
 #define TCD_SPLIT_MIN 256 // ... keys of a split at least
 #define TCD_SMEM_64 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (64 + 8) * 2)  // dynamic bytes
 #define TCD_SMEM_128 (TCD_THREADS / 32 * TCD_STAGES * 2 * TCD_BK * (128 + 8) * 2)

@@ -176,9 +176,10 @@ class NvidiaFake(FakeRuntime):
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("knob", [False, True, None], ids=["off", "on", "default"])
 def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knobs, knob, rows):
-    """With the `tc_decode` knob (on by default) each layer stores K/V with qk_rope_store, then
-    runs attn_decode_tc64 over (KV head, row, splits) with its dynamic shared memory, the splits
-    keeping two blocks a compute unit; without it, the fused attn_decode."""
+    """With the `tc_decode` knob (on by default) each layer runs attn_decode_tc64's fused form
+    over (KV head, row, splits) with its dynamic shared memory, the splits keeping two blocks a
+    compute unit: no qk_rope_store, the launch takes what the prompt's qk_rope_store of the
+    same layer took (new Q/K/V rows, norm weights, slots, RoPE). Without it, attn_decode."""
     if knob is not None:
         hip_knobs(tc_decode=knob)
     else:
@@ -191,7 +192,12 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
     if knob is False:
         assert names == ["attn_decode_w64_g4"] * s.n_layer
         return
-    assert names == ["qk_rope_store", "attn_decode_tc64"] * s.n_layer
+    assert names == ["attn_decode_tc64"] * s.n_layer
+    stores, fused = _args(rt, "qk_rope_store"), _args(rt, "attn_decode_tc64")
+    assert len(stores) == len(fused) == s.n_layer  # (the prompt's, then the decode step's)
+    for st, tc in zip(stores, fused):
+        assert tc[0] == st[0] and tc[16:20] == st[1:5]  # q, then k, v, q/k norm weights
+        assert tc[20] == st[6] and tc[21:] == st[13:20]  # slots, RoPE (n_rot .. eps)
     tc = [i for i, (n, _, _) in enumerate(rt.launches) if n == "attn_decode_tc64"]
     fill = runner.tune.att_fill
     want = min(runner.splits, max(1, 2 * fill * rt.props.compute_units // (rows * s.n_head_kv)))

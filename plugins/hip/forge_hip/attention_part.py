@@ -3,11 +3,12 @@ output product (its bias when the model has one).
 
 Decode steps run one fused launch (attention.hip's attn_decode: Q/K norm and RoPE, the KV
 store, split attention and its merge), or (tuning knobs `tc_decode` / `tc_decode_q8`, NVIDIA,
-float16 / Q8_0 cache) qk_rope_store then attn_decode_tc.hip (a KV head's query heads as the rows
-of tensor-core tiles); other passes run qk_rope_store, then attn_prefill.hip (many rows) or
-attn_rows. RoPE reads a per-layer frequency table for YaRN and Llama 3.1 scaling
-(`forge.models.rope`'s frequencies, uploaded once into ws.rope_freqs) and the base^(-2i/n)
-formula otherwise; gpt-oss's attention sinks join the softmax in every attention kernel.
+float16 / Q8_0 cache) attn_decode_tc.hip's fused form (a KV head's query heads as the rows of
+tensor-core tiles; it norms and rotates Q/K and stores K/V itself); other passes run
+qk_rope_store, then attn_prefill.hip (many rows) or attn_rows. RoPE reads a per-layer frequency
+table for YaRN and Llama 3.1 scaling (`forge.models.rope`'s frequencies, uploaded once into
+ws.rope_freqs) and the base^(-2i/n) formula otherwise; gpt-oss's attention sinks join the
+softmax in every attention kernel.
 """
 
 from __future__ import annotations
@@ -167,16 +168,17 @@ class Attentions:
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, meta.bt, meta.btoff,
                kc, vc, ws.part_o, ws.part_ml, ws.att_cnt, ws.attn, s.n_head_kv, s.head_dim,
                s.head_dim_v, *rope, *att, a.sinks, *([s.n_head] if nq > 1 else [])])  # fmt: skip
-        else:
+        elif tc is None:
             qk = qk_rope_blocks(s.n_head, s.n_head_kv, ROPE_THREADS, self.warp)
             L(op["qk_rope_store"], (qk, rows), (ROPE_THREADS,),
               [ws.q, ws.k, ws.v, a.q_norm, a.k_norm, meta.pos, meta.slots, kc, vc, s.n_head,
                s.n_head_kv, s.head_dim, s.head_dim_v, *rope, kv.format_id])  # fmt: skip
-        if tc is not None:
+        if tc is not None:  # (its fused form: Q/K norm and RoPE, the K/V store, attention)
             L(tc, (s.n_head_kv, rows, splits), (TCD_THREADS,),
               [ws.q, kc, vc, meta.bt, meta.btoff, meta.pos, ws.part_o, ws.part_ml, ws.att_cnt,
                ws.attn, s.n_head, s.n_head_kv, kv.block_size, s.attn_scale,
-               ls.sliding_window or 0, a.sinks])  # fmt: skip
+               ls.sliding_window or 0, a.sinks, ws.k, ws.v, a.q_norm, a.k_norm, meta.slots,
+               *rope])  # fmt: skip
         elif not decode:
             short = rows <= self.products.tune.att_rows_max
             if short or inv or not self.prefill(i, a, rows, meta, kv):
