@@ -141,19 +141,24 @@ def slot_groups(launches: list[tuple[str, tuple]], n_layer: int) -> dict:
 
 
 def decode_shares(
-    runner, table: np.ndarray | list[np.ndarray], reps: int = 100, by_slot: bool = False
+    runner,
+    table: np.ndarray | list[np.ndarray],
+    reps: int = 100,
+    by_slot: bool = False,
+    pos: int = 128,
 ) -> dict:
     """Microseconds of a replayed decode step (one sequence per block table; a list: a batch),
     whole and with each kernel group left out of the captured graph: what each group costs
     inside the graph, gaps included (event timings around single launches cannot tell that).
     The step's numbers are wrong without a group; only its time is used. Groups a step does
     not launch are left out of the result. by_slot: the groups of slot_groups as well (each
-    launch slot of a layer on its own)."""
+    launch slot of a layer on its own). pos: the step's position (the depth its attention
+    reads; the tables must cover it)."""
     from forge.backend import SeqBatch
 
     plan, launcher, rt, stream = runner.plan, runner.launch, runner.rt, runner.stream
     tables = table if isinstance(table, list) else [table]
-    batch = [SeqBatch(np.array([7], np.int32), 128, t) for t in tables]
+    batch = [SeqBatch(np.array([7], np.int32), pos, t) for t in tables]
     rows, _, n_bt = runner._prepare(batch)
     runner.meta.upload(n_bt, stream)
     launches: list[tuple[str, tuple]] = []
