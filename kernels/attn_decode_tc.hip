@@ -10,9 +10,10 @@
 // Unfused (k null): Q is already normed and rotated and K/V already cached (qk_rope_store).
 // A block takes one KV head of one row over one split of the row's positions: the G = H / Hkv
 // query heads of that KV head are the rows of m16n8k16 tiles (zero rows past G), so each cached
-// K/V row is read once for all of them and both products run on tensor cores. attention.hip's attn_decode keeps those heads in registers
-// and spends a warp's arithmetic per position: at depth it held a block to ~1 TB/s, with its
-// loads made asynchronous or not (benchmarks/gpu_notes.md).
+// K/V row is read once for all of them and both products run on tensor cores. attention.hip's
+// attn_decode keeps those heads in registers and spends a warp's arithmetic per position: at
+// depth it held a block to ~1 TB/s, with its loads made asynchronous or not
+// (benchmarks/gpu_notes.md).
 // Each warp streams its own tiles of TCD_BK keys (tile w, w + warps, ...) into a ring of
 // TCD_STAGES stages by cp.async, rows padded to D + 8 halves (ldmatrix without bank conflicts);
 // S = Q K^T, an online softmax in float32 with exp2, O += P V, Q and P rounded to float16 as
@@ -36,7 +37,7 @@
 
 struct TcdArgs {
     const float* q;
-    const void *kc, *vc;  // float16 rows, or Q8_0 rows of TcdQ8<D>::RB bytes
+    void *kc, *vc;  // float16 rows, or Q8_0 rows of TcdQ8<D>::RB bytes (the fused form writes)
     const i32 *bt, *btoff, *pos;
     float *part_o, *part_ml;
     u32* cnt;
@@ -222,10 +223,10 @@ FORGE_DEV void tcd_store_kv(const TcdArgs& g, TcdPrologue& sp, int r, int kvh) {
     constexpr int LPP = TcdHead<D>::LPP, FMT = Q8 ? KV_Q8_0 : KV_F16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const i64 row = (i64)g.slots[r] * g.Hkv + kvh, at = ((i64)r * g.Hkv + kvh) * D;
-    qk_head<LPP, 1>(g.k + at, nullptr, g.knw, (void*)g.kc, row, false, D, g.n_rot, g.neox, sp.rc,
-                    g.eps, FMT, sp.xch + warp * TCD_MAX_D);
+    qk_head<LPP, 1>(g.k + at, nullptr, g.knw, g.kc, row, false, D, g.n_rot, g.neox, sp.rc, g.eps,
+                    FMT, sp.xch + warp * TCD_MAX_D);
     if (Q8) {
-        v_head<LPP, 1>(g.v + at, (void*)g.vc, row, D, FMT);
+        v_head<LPP, 1>(g.v + at, g.vc, row, D, FMT);
     } else {
         for (int d = lane; d < D; d += 32) ((u16*)g.vc)[row * D + d] = f2h(g.v[at + d]);
     }
@@ -444,7 +445,7 @@ FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag, TcdPrologue&
 #endif
 
 #define TCD_PARAMS                                                                              \
-    const float *__restrict__ q, const void *kc, const void *vc, const i32 *__restrict__ bt,    \
+    const float *__restrict__ q, void *kc, void *vc, const i32 *__restrict__ bt,                \
         const i32 *__restrict__ btoff, const i32 *__restrict__ pos, float *part_o,             \
         float *part_ml, u32 *cnt, float *out, int H, int Hkv, int block_size, float scale,     \
         int window, const float *sinks, const float *k, const float *v, const float *qnw,          \

@@ -72,6 +72,7 @@ FUSED_CASES = [
     (16, 2, 128, 64, 1, True, [700, 300], 0, 4, False),  # partial rotation
     (64, 8, 64, 64, 1, False, [0, 129, 700], 0, 33, True),  # gpt-oss: YaRN table, sinks
     (64, 8, 64, 64, 1, False, [5, 300], 128, 8, True),  # ... a sliding window
+    (32, 8, 128, 128, 0, False, [3000, 700], 1000, 8, False),  # a window over several splits
     (12, 4, 64, 64, 0, False, [333, 17], 0, 1, False),  # one split: the only block stores
 ]
 

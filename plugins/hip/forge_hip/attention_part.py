@@ -95,7 +95,9 @@ class Attentions:
     def tc_decode_kernel(self, kv) -> Kernel | None:  # noqa: ANN001 - a KvCache
         """attn_decode_tc for decode steps over this cache where the `tc_decode` knob asks for it
         (and for a Q8_0 cache `tc_decode_q8` too) and it applies (NVIDIA, float16 or Q8_0,
-        blocks of TCD_BK positions or more: `attn_decode_tc_kernel`), else None (attn_decode)."""
+        blocks of TCD_BK positions or more: `attn_decode_tc_kernel`), else None (attn_decode).
+        Only while attn_decode is forge's own: like attn_decode, its fused form then also does
+        qk_rope_store's work in decode steps (a plugin's qk_rope_store runs for other passes)."""
         key = (kv.format, kv.block_size)  # (a runner's cache may be allocated again)
         if key not in self._tc_kernels:
             s, name, tune = self.spec, None, self.products.tune

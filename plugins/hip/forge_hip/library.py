@@ -161,9 +161,10 @@ def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: st
                           kv: KvFormat) -> str | None:  # fmt: skip
     """The tensor-core decode attention for these heads (attn_decode_tc.hip: a float16 or
     Q8_0 cache, head sizes 64 or 128, at most TCD_MAX_GROUP query heads a KV head), else None.
-    Only on sm_90 (H100/H200), where it was measured: its 104 KB of shared memory for heads of
-    128 do not fit a block of sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two
-    the plan's splits count on."""
+    Only on sm_90 (H100/H200), where it was measured: its 104 KB of dynamic shared memory for
+    heads of 128 (and 10.5 KB static, the fused form's prologue) do not fit a block of
+    sm_86/sm_89 parts, and sm_80 holds one block an SM, not the two the plan's splits count on
+    (sm_90 holds two with 1 KB to spare)."""
     group = n_head // n_head_kv
     fits = d == dv and d in TCD_HEAD_DIMS and n_head % n_head_kv == 0
     if arch != "sm_90" or kv not in TCD_FORMATS or not fits:
