@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -38,6 +39,16 @@ def chat(golden_dir, tmp_path):
         child.close(force=True)
 
 
+def _exit_status(child, seconds: float = 30.0):  # noqa: ANN001 - a pexpect child
+    """The child's exit status once it has exited, None if it is still running after `seconds`
+    or was ended by a signal. (It closed its terminal, so it is on its way out; pexpect's close()
+    would kill one that takes longer than a tenth of a second, as on a loaded machine.)"""
+    deadline = time.monotonic() + seconds
+    while child.isalive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return None if child.isalive() else child.exitstatus
+
+
 def test_commands_history_and_ctrl_d(chat):
     child = chat("-n", "4")
     child.sendline("/?")
@@ -53,16 +64,14 @@ def test_commands_history_and_ctrl_d(chat):
     child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0 and child.before.endswith("\r\n")  # a clean line
+    assert _exit_status(child) == 0 and child.before.endswith("\r\n")  # a clean line
     child = chat("-n", "4")  # history persists: the up arrow brings back the last line
     child.send("\x1b[A")
     child.expect("/clear")
     child.send("\x15")  # Ctrl-U: empty the line again
     child.sendline("/bye")
     child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    assert _exit_status(child) == 0
 
 
 def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(chat, default_model_path):
@@ -76,8 +85,7 @@ def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(chat, default_model_path
     child.expect(PROMPT)
     child.sendline("/bye")
     child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    assert _exit_status(child) == 0
 
 
 def test_piped_turns_get_one_reply_each(golden_dir, tmp_path):
