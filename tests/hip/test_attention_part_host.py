@@ -195,9 +195,9 @@ def test_nvidia_decode_over_a_float16_cache_on_tensor_cores(golden_dir, hip_knob
     assert names == ["attn_decode_tc64"] * s.n_layer
     stores, fused = _args(rt, "qk_rope_store"), _args(rt, "attn_decode_tc64")
     assert len(stores) == len(fused) == s.n_layer  # (the prompt's, then the decode step's)
-    for st, tc in zip(stores, fused):
-        assert tc[0] == st[0] and tc[16:20] == st[1:5]  # q, then k, v, q/k norm weights
-        assert tc[20] == st[6] and tc[21:] == st[13:20]  # slots, RoPE (n_rot .. eps)
+    for st, fu in zip(stores, fused):
+        assert fu[0] == st[0] and fu[16:20] == st[1:5]  # q, then k, v, q/k norm weights
+        assert fu[20] == st[6] and fu[21:] == st[13:20]  # slots, RoPE (n_rot .. eps)
     tc = [i for i, (n, _, _) in enumerate(rt.launches) if n == "attn_decode_tc64"]
     fill = runner.tune.att_fill
     want = min(runner.splits, max(1, 2 * fill * rt.props.compute_units // (rows * s.n_head_kv)))
