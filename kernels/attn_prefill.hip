@@ -33,12 +33,13 @@
 // a prefill that must match the decode kernels uses; bfloat16 caches always), its tiles
 // dequantized as they load.
 // NVIDIA, with AP_TENSOR_CORES: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles
-// of BK positions copied into shared memory by cp.async (the next K tile loads during this tile's
-// softmax and P V, the next V tile during the next scores; a quantized cache's tiles, of AP_BKQ
-// positions, arrive as stored (cp.async) and are converted to float16 in shared memory once
-// there), S = Q K^T and O += P V by
+// of BK positions in a ring of AP_STAGES stages in dynamic shared memory (AP_SMEM_<DP> /
+// AP_SMEM_Q<DP> bytes), copied by cp.async: the loads of tile j + AP_STAGES - 1 start when tile j
+// has landed, one barrier a tile (a quantized cache's tiles, of AP_BKQ positions, arrive as stored
+// and are converted into one float16 tile there, a second barrier), S = Q K^T and O += P V by
 // mma.sync m16n8k16 (float16 operands, float32 accumulators), online softmax in float32 with
-// exp2. Rounding: Q and P are rounded to float16 (as llama.cpp's f16 K/V products round them).
+// exp2 (no mask compares in a tile every row of the warp sees whole). Rounding: Q and P are
+// rounded to float16 (as llama.cpp's f16 K/V products round them).
 // Elsewhere (AMD, and the other modes): a SIMT path in float32, 4 threads per row, tiles of
 // AP_SIMT_BK positions in shared memory as float32, 32 rows at a time (two passes per block).
 //
@@ -63,17 +64,19 @@
 // whole 4-byte words, padded to 8 bytes (a bound for both formats).
 #define AP_RBQ(w) (((w) + (((w) / 16 + 3) & ~3) + 7) & ~7)
 
-// Shared memory of one block: the larger of the two paths' tiles (16-bit words); QUANT: the
-// tensor-core tiles of a quantized cache, plus its raw K and V tiles as they arrive.
+// Shared memory of one block (16-bit words): the tensor-core path's ring of AP_STAGES K/V tiles
+// (STAGE words each; a quantized cache's as stored, then the float16 K/V TILE they are converted
+// into), or the SIMT path's float32 tiles.
 template <int DP, bool QUANT = false> struct ApSmem {
     static constexpr int LDK = DP + 8, LDV = AP_DVC(DP) + 8;  // padded rows: ldmatrix without conflicts
     static constexpr int BK = QUANT ? AP_BKQ : AP_BK(DP);
+    static constexpr int TILE = BK * (LDK + LDV);
+    static constexpr int STAGE = QUANT ? BK * (AP_RBQ(DP) + AP_RBQ(AP_DVC(DP))) / 2 : TILE;
 #if defined(FORGE_NV)
-    static constexpr int RAW = QUANT ? BK * (AP_RBQ(DP) + AP_RBQ(AP_DVC(DP))) / 2 : 0;
+    static constexpr int MMA = AP_STAGES * STAGE + (QUANT ? TILE : 0);
 #else
-    static constexpr int RAW = 0;  // (the tensor-core path is NVIDIA's)
+    static constexpr int MMA = 0;  // (the tensor-core path is NVIDIA's)
 #endif
-    static constexpr int MMA = BK * (LDK + LDV) + RAW;
     static constexpr int SIMT = 2 * AP_SIMT_BK * (DP + AP_DVC(DP));
     static constexpr int WORDS = MMA > SIMT ? MMA : SIMT;
 };
@@ -95,13 +98,26 @@ struct ApArgs {
     u32* cnt;
     const i32* s_pos;  // shared: pos and btoff of the block's tokens t_first ..
     const i32* s_off;
-    i32* s_slot;  // shared: cache slots of two K/V tiles (tensor-core path)
+    i32* s_slot;  // shared: cache slots of the ring's K/V tiles (tensor-core path)
 };
 
 // The segment starting at block token a: its last token, its first key and its key end.
 struct ApSeg {
     int last, kbeg, kend;
 };
+
+// 2^x where results below 2^-126 may be flushed to zero (NVIDIA: the one MUFU instruction;
+// exp2f adds a range reduction for subnormal results): softmax weights that small are lost in a
+// sum that holds the row's largest, 2^0.
+FORGE_DEV float ap_exp2(float x) {
+#if defined(FORGE_NV)
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return exp2f(x);
+#endif
+}
 
 FORGE_DEV int ap_lo(int p, int window) { return window > 0 && p + 1 > window ? p + 1 - window : 0; }
 
@@ -345,16 +361,117 @@ FORGE_DEV void ap_convert(u16* dst, int ld, const char* raw, int width, int col0
     }
 }
 
+// Starts the copies of the tile whose cache slots are in `slots` into ring stage `stage` (a float16
+// K tile then V tile; a quantized cache's raw K then V pieces) as one cp.async group.
+template <int DP, int FMT> FORGE_DEV void ap_issue(const ApArgs& a, u16* stage, const i32* slots) {
+    using Sm = ApSmem<DP, FMT != KV_F16>;
+    constexpr int DVC = AP_DVC(DP), BK = Sm::BK;
+    char* raw = (char*)stage;
+    ap_mma_tile<DP, BK, FMT>(stage, Sm::LDK, raw, a.kc, slots, a.Hkv, a.kvh, a.D, 0);
+    ap_mma_tile<DVC, BK, FMT>(stage + BK * Sm::LDK, Sm::LDV, raw + BK * AP_RBQ(DP), a.vc, slots,
+                              a.Hkv, a.kvh, a.Dv, a.col0);
+    cp_async_commit();
+}
+
+// S = Q K^T of a warp's 16 rows and the BK keys of the tile Ks (rows LDK halves apart).
+template <int DP, int BK, int LDK>
+FORGE_DEV void ap_scores(float (&s)[BK / 8][4], const u32 (&qf)[DP / 16][4], const u16* Ks,
+                         int lane) {
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < DP / 16; ++ks) {
+#pragma unroll
+        for (int jj = 0; jj < BK / 16; ++jj) {
+            u32 b[4];
+            ldsm_x4(Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LDK + 16 * ks +
+                        ((lane >> 3) & 1) * 8,
+                    b);
+            mma_f16(s[2 * jj], qf[ks], b[0], b[1]);
+            mma_f16(s[2 * jj + 1], qf[ks], b[2], b[3]);
+        }
+    }
+}
+
+// Online softmax of a warp's rows ra (x = 0: s[n][0..1]) and rb (x = 1: s[n][2..3]) over the
+// tile's keys k0 ..: keys outside [lo[x], hi[x]] masked (WHOLE: the warp's rows see every key of
+// the tile, no compares), the scale sl applied inside the exponent (max(s sl) = max(s) sl for sl >
+// 0), o rescaled only when a row's maximum grew, the probabilities left in pf as the A fragments
+// of P V (the accumulator layout of two 8-key tiles is that of a 16-k A).
+template <bool WHOLE, int BK, int DVC>
+FORGE_DEV void ap_softmax(float (&s)[BK / 8][4], u32 (&pf)[BK / 16][4], float (&o)[DVC / 8][4],
+                          float (&m)[2], float (&l)[2], const int (&lo)[2], const int (&hi)[2],
+                          int k0, float sl, int lane) {
+    float alpha[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        float mx = AP_NEG;
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int p = k0 + 8 * n + 2 * (lane & 3) + e;
+                if (!WHOLE && (p < lo[x] || p > hi[x])) s[n][2 * x + e] = AP_NEG;
+                mx = fmaxf(mx, s[n][2 * x + e]);
+            }
+        }
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        mx = fmaxf(m[x], mx * sl);  // (a masked row's AP_NEG sl stays far below any score)
+        alpha[x] = ap_exp2(m[x] - mx);
+        m[x] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = s[n][2 * x + e];
+                const float p = WHOLE || v > AP_LIVE ? ap_exp2(fmaf(v, sl, -mx)) : 0.0f;
+                s[n][2 * x + e] = p;
+                sum += p;
+            }
+        }
+        l[x] = l[x] * alpha[x] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < DVC / 8; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < BK / 16; ++t) {
+        pf[t][0] = pack_h2(s[2 * t][0], s[2 * t][1]);
+        pf[t][1] = pack_h2(s[2 * t][2], s[2 * t][3]);
+        pf[t][2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
+        pf[t][3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
+    }
+}
+
+// O += P V of a warp's 16 rows and the tile's V rows Vs (LDV halves apart).
+template <int BK, int DVC, int LDV>
+FORGE_DEV void ap_pv(float (&o)[DVC / 8][4], const u32 (&pf)[BK / 16][4], const u16* Vs, int lane) {
+#pragma unroll
+    for (int t = 0; t < BK / 16; ++t) {
+#pragma unroll
+        for (int nn = 0; nn < DVC / 16; ++nn) {
+            u32 b[4];
+            ldsm_x4_t(Vs + (16 * t + (lane & 15)) * LDV + 16 * nn + (lane >> 4) * 8, b);
+            mma_f16(o[2 * nn], pf[t], b[0], b[1]);
+            mma_f16(o[2 * nn + 1], pf[t], b[2], b[3]);
+        }
+    }
+}
+
 template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     constexpr bool QUANT = FMT != KV_F16;
     using Sm = ApSmem<DP, QUANT>;
-    constexpr int DVC = AP_DVC(DP), BK = Sm::BK, LDK = Sm::LDK, LDV = Sm::LDV;
-    u16* Ks = smem;
-    u16* Vs = smem + BK * LDK;
-    char* rawK = (char*)(smem + BK * (LDK + LDV));  // (quantized caches' raw tiles)
-    char* rawV = rawK + BK * AP_RBQ(DP);
-    const void* kc = a.kc;
-    const void* vc = a.vc;
+    constexpr int DVC = AP_DVC(DP), BK = Sm::BK, LDK = Sm::LDK, LDV = Sm::LDV, S = AP_STAGES;
+    static_assert(S >= 2 && BK <= 64, "a tile in flight while one is read; s_slot's room");
+    u16* tile = smem + S * Sm::STAGE;  // (a quantized cache's stage converted to float16)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const ApRow ra = ap_row(a, warp * 16 + (lane >> 2)), rb = ap_row(a, warp * 16 + (lane >> 2) + 8);
 
@@ -389,126 +506,54 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
         ap_range(a, rb.tok, sa, seg.last, lo[1], hi[1]);
         ap_clip(kb, ke, lo[0], hi[0]);
         ap_clip(kb, ke, lo[1], hi[1]);
-        // slots of tile j in a.s_slot[(j & 1) * BK ..]: those of tile j + 1 are looked up
-        // during tile j's scores and stored before the barrier that follows them
-        __syncthreads();  // the previous segment's last tile is consumed
-        if (threadIdx.x < BK) {
-            a.s_slot[threadIdx.x] = ap_slot(table, a.bs, kb + threadIdx.x, ke);
+        const int nt = (ke - kb + BK - 1) / BK;
+        // Tile j lives in stage j % S, its cache slots in s_slot[(j % S) * BK ..]: written at
+        // least one barrier before the tile's copies start (the first S here, tile j + S while
+        // tile j is read: its copies started S - 1 tiles ago).
+        __syncthreads();  // the previous segment's tiles are consumed
+        for (int e = threadIdx.x; e < S * BK; e += AP_THREADS) {
+            a.s_slot[e] = ap_slot(table, a.bs, kb + e, ke);
         }
         __syncthreads();
-        ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, a.s_slot, a.Hkv, a.kvh, a.D, 0);
-        cp_async_commit();
-        ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, a.s_slot, a.Hkv, a.kvh, a.Dv, a.col0);
-        cp_async_commit();
-        for (int k0 = kb, j = 0; k0 < ke; k0 += BK, ++j) {
-            const bool more = k0 + BK < ke;
-            i32* nxt = a.s_slot + ((j + 1) & 1) * BK;
-            int nslot = -1;
-            if (more && threadIdx.x < BK) {
-                nslot = ap_slot(table, a.bs, k0 + BK + threadIdx.x, ke);
-            }
-            // this warp has a live score in the tile
-            const bool live = __any_sync(0xffffffffu, (hi[0] >= k0 && lo[0] < k0 + BK) ||
-                                                          (hi[1] >= k0 && lo[1] < k0 + BK));
-            cp_async_wait<1>();  // K of this tile
-            __syncthreads();
-            if (QUANT) {
-                ap_convert<DP, BK, FMT>(Ks, LDK, rawK, a.D, 0);
-                __syncthreads();
-            }
-            float s[BK / 8][4];
-            if (live) {
 #pragma unroll
-                for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < DP / 16; ++ks) {
-#pragma unroll
-                    for (int jj = 0; jj < BK / 16; ++jj) {
-                        u32 b[4];
-                        ldsm_x4(Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LDK + 16 * ks +
-                                    ((lane >> 3) & 1) * 8,
-                                b);
-                        mma_f16(s[2 * jj], qf[ks], b[0], b[1]);
-                        mma_f16(s[2 * jj + 1], qf[ks], b[2], b[3]);
-                    }
-                }
-            }
-            if (more && threadIdx.x < BK) nxt[threadIdx.x] = nslot;
-            __syncthreads();  // every warp is done with K; the next slots are stored
-            if (more) ap_mma_tile<DP, BK, FMT>(Ks, LDK, rawK, kc, nxt, a.Hkv, a.kvh, a.D, 0);
-            cp_async_commit();
-            u32 pf[BK / 16][4];
-            if (live) {
-                // online softmax over rows ra (x = 0: s[n][0..1]) and rb (x = 1: s[n][2..3])
-#pragma unroll
-                for (int x = 0; x < 2; ++x) {
-                    float mx = m[x];
-#pragma unroll
-                    for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int p = k0 + 8 * n + 2 * (lane & 3) + e;
-                            const float v = p >= lo[x] && p <= hi[x] ? s[n][2 * x + e] * a.sl : AP_NEG;
-                            s[n][2 * x + e] = v;
-                            mx = fmaxf(mx, v);
-                        }
-                    }
-                    mx = fmaxf(mx, shfl_xor(mx, 1));
-                    mx = fmaxf(mx, shfl_xor(mx, 2));
-                    const float alpha = exp2f(m[x] - mx);
-                    m[x] = mx;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < BK / 8; ++n) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float v = s[n][2 * x + e];
-                            const float p = v > AP_LIVE ? exp2f(v - mx) : 0.0f;
-                            s[n][2 * x + e] = p;
-                            sum += p;
-                        }
-                    }
-                    l[x] = l[x] * alpha + sum;
-#pragma unroll
-                    for (int n = 0; n < DVC / 8; ++n) {
-                        o[n][2 * x] *= alpha;
-                        o[n][2 * x + 1] *= alpha;
-                    }
-                }
-                // P as A fragments: the accumulator layout of two 8-key tiles is that of a 16-k A
-#pragma unroll
-                for (int t = 0; t < BK / 16; ++t) {
-                    pf[t][0] = pack_h2(s[2 * t][0], s[2 * t][1]);
-                    pf[t][1] = pack_h2(s[2 * t][2], s[2 * t][3]);
-                    pf[t][2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
-                    pf[t][3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
-                }
-            }
-            cp_async_wait<1>();  // V of this tile
-            __syncthreads();
-            if (QUANT) {
-                ap_convert<DVC, BK, FMT>(Vs, LDV, rawV, a.Dv, a.col0);
-                __syncthreads();
-            }
-            if (live) {
-#pragma unroll
-                for (int t = 0; t < BK / 16; ++t) {
-#pragma unroll
-                    for (int nn = 0; nn < DVC / 16; ++nn) {
-                        u32 b[4];
-                        ldsm_x4_t(Vs + (16 * t + (lane & 15)) * LDV + 16 * nn + (lane >> 4) * 8, b);
-                        mma_f16(o[2 * nn], pf[t], b[0], b[1]);
-                        mma_f16(o[2 * nn + 1], pf[t], b[2], b[3]);
-                    }
-                }
-            }
-            __syncthreads();  // every warp is done with V
-            if (more) {
-                ap_mma_tile<DVC, BK, FMT>(Vs, LDV, rawV, vc, nxt, a.Hkv, a.kvh, a.Dv, a.col0);
-            }
-            cp_async_commit();
+        for (int j = 0; j < S - 1; ++j) {
+            if (j < nt) ap_issue<DP, FMT>(a, smem + j * Sm::STAGE, a.s_slot + j * BK);
+            else cp_async_commit();
         }
-        cp_async_wait<0>();
+        for (int j = 0; j < nt; ++j) {
+            const int k0 = kb + j * BK, st = j % S;
+            cp_async_wait<S - 2>();  // this thread's copies of tile j
+            __syncthreads();  // everyone's; and tile j - 1 is consumed, its stage free
+            const int jn = j + S - 1;
+            if (jn < nt) ap_issue<DP, FMT>(a, smem + jn % S * Sm::STAGE, a.s_slot + jn % S * BK);
+            else cp_async_commit();
+            if (threadIdx.x < BK && j + S < nt) {
+                a.s_slot[st * BK + threadIdx.x] = ap_slot(table, a.bs, k0 + S * BK + threadIdx.x, ke);
+            }
+            const u16* Ks = smem + st * Sm::STAGE;
+            const u16* Vs = Ks + BK * LDK;
+            if (QUANT) {
+                const char* raw = (const char*)Ks;
+                ap_convert<DP, BK, FMT>(tile, LDK, raw, a.D, 0);
+                ap_convert<DVC, BK, FMT>(tile + BK * LDK, LDV, raw + BK * AP_RBQ(DP), a.Dv, a.col0);
+                __syncthreads();
+                Ks = tile;
+                Vs = tile + BK * LDK;
+            }
+            const bool sees = (hi[0] >= k0 && lo[0] < k0 + BK) || (hi[1] >= k0 && lo[1] < k0 + BK);
+            if (!__any_sync(0xffffffffu, sees)) continue;  // no live score in the warp's rows
+            const bool whole = lo[0] <= k0 && hi[0] >= k0 + BK - 1 && lo[1] <= k0 && hi[1] >= k0 + BK - 1;
+            float s[BK / 8][4];
+            u32 pf[BK / 16][4];
+            ap_scores<DP, BK, LDK>(s, qf, Ks, lane);
+            if (__all_sync(0xffffffffu, whole)) {
+                ap_softmax<true, BK, DVC>(s, pf, o, m, l, lo, hi, k0, a.sl, lane);
+            } else {
+                ap_softmax<false, BK, DVC>(s, pf, o, m, l, lo, hi, k0, a.sl, lane);
+            }
+            ap_pv<BK, DVC, LDV>(o, pf, Vs, lane);
+        }
+        cp_async_wait<0>();  // (groups past the last tile are empty)
         sa = seg.last + 1;
     }
     // the quad's partial sums, then O / l
@@ -668,6 +713,16 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
     if (a.n_used > 1) ap_merge(a, (float*)smem);
 }
 
+// A kernel's shared memory: on NVIDIA the dynamic bytes the host reserves (contract.h's AP_SMEM_*,
+// the tensor-core ring), elsewhere static.
+#if defined(FORGE_NV)
+#define AP_SHARED(DP, QUANT, BYTES)                                                  \
+    static_assert(ApSmem<DP, QUANT>::WORDS * 2 == (BYTES), "contract.h's AP_SMEM"); \
+    extern __shared__ __attribute__((aligned(16))) u16 smem[]
+#else
+#define AP_SHARED(DP, QUANT, BYTES) __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<DP, QUANT>::WORDS]
+#endif
+
 // Written out (not by a macro) so that each kernel's name appears in the text: attn_prefill_<DP>
 // for float32, float16 and bfloat16 caches, attn_prefill_q<DP> for Q8_0 and Q4_0 ones.
 FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
@@ -676,8 +731,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __r
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(64, false, AP_SMEM_64);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<64, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
                        kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                        s_slot);
@@ -689,8 +744,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(128, false, AP_SMEM_128);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<128, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                         s_slot);
@@ -702,8 +757,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(256, false, AP_SMEM_256);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<256, false>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                         s_slot);
@@ -715,8 +770,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<64, true>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(64, true, AP_SMEM_Q64);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<64, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale, window,
                        kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                        s_slot);
@@ -728,8 +783,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* _
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<128, true>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(128, true, AP_SMEM_Q128);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<128, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                         s_slot);
@@ -741,8 +796,8 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q256(const float* _
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
     float* part_o, float* part_ml, u32* cnt, int splits) {
     FORGE_GRID_WAIT();
-    __shared__ __attribute__((aligned(16))) u16 smem[ApSmem<256, true>::WORDS];
-    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[2 * 64];
+    AP_SHARED(256, true, AP_SMEM_Q256);
+    __shared__ i32 s_pos[AP_ROWS + 1], s_off[AP_ROWS + 1], s_slot[AP_STAGES * 64];
     ap_main<256, true>(q, kc, vc, bt, btoff, pos, out, R, H, Hkv, D, Dv, block_size, scale,
                         window, kv_mode, sinks, part_o, part_ml, cnt, splits, smem, s_pos, s_off,
                         s_slot);

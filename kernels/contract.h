@@ -49,6 +49,17 @@
 #define ATT_THREADS 256    // attention.hip attn_rows / attn_decode
 #define AP_THREADS 128     // attn_prefill.hip
 #define AP_MAX_SPLITS 16   // attn_prefill.hip: most splits of the key range
+#define AP_STAGES 2        // attn_prefill.hip: K/V tiles in flight on tensor cores (NVIDIA)
+// ... its dynamic shared memory on NVIDIA (bytes): the ring of AP_STAGES float16 K/V tiles (64
+// positions of rows of DP + 8 halves; 32 for DP 256, whose V tiles take 128 columns), or for a
+// quantized cache (attn_prefill_q<DP>) the ring of 32-position tiles as cached plus the float16
+// K/V tile they are converted into
+#define AP_SMEM_64 (AP_STAGES * 64 * (72 + 72) * 2)
+#define AP_SMEM_128 (AP_STAGES * 64 * (136 + 136) * 2)
+#define AP_SMEM_256 (AP_STAGES * 32 * (264 + 136) * 2)
+#define AP_SMEM_Q64 (AP_STAGES * 32 * (72 + 72) + 32 * (72 + 72) * 2)
+#define AP_SMEM_Q128 (AP_STAGES * 32 * (136 + 136) + 32 * (136 + 136) * 2)
+#define AP_SMEM_Q256 (AP_STAGES * 32 * (272 + 136) + 32 * (264 + 136) * 2)
 #define SMP_THREADS 1024   // sampling.hip sample_rows
 
 // ---- shared memory and size limits ----

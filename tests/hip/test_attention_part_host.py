@@ -263,3 +263,38 @@ def test_decode_launches_a_block_per_four_query_heads_of_a_kv_head(golden_dir, n
     assert [n for n, _ in grids] == [f"attn_decode_w{s.head_dim}_g4"] * s.n_layer
     assert all(g[:2] == (blocks, 1) for _, g in grids)
     assert all(a[DECODE_SINKS + 1] == s.n_head for a in _args(rt, "attn_decode"))
+
+
+@pytest.mark.parametrize("kv", [KvFormat.F16, KvFormat.Q8_0])
+@pytest.mark.parametrize("runtime", [NvidiaFake, FakeRuntime], ids=["nvidia", "other"])
+def test_prefill_attention_takes_its_tile_ring_on_nvidia(golden_dir, runtime, kv):
+    """A prompt past att_rows_max runs attn_prefill (the _q kernel over a Q8_0 cache): on NVIDIA
+    with the dynamic shared memory of its ring of K/V tiles (contract.h's AP_SMEM_<DP> /
+    AP_SMEM_Q<DP>, the sizes the kernels' static_assert holds them to), elsewhere with none (the
+    SIMT path's shared memory is static there)."""
+    rt = runtime()
+    runner = _runner(golden_dir, "qwen3-q8_0.gguf", rt, KvTypes(kv, kv))
+    n = runner.tune.att_rows_max + 1
+    table = np.arange(-(-n // 16))  # (blocks of 16 positions)
+    runner.forward([SeqBatch(np.arange(n, dtype=np.int32) % 50 + 1, 0, table, "last")])
+    quant = "Q" if kv.block > 1 else ""
+    name = f"attn_prefill_{quant.lower()}{runner.spec.head_dim}"
+    ring = [rt.shared[i] for i, (k, _, _) in enumerate(rt.launches) if k == name]
+    assert len(ring) == runner.spec.n_layer
+    want = constants()[f"AP_SMEM_{quant}{runner.spec.head_dim}"] if runtime is NvidiaFake else 0
+    assert set(ring) == {want}
+    runner.close()
+
+
+def test_prefill_rings_fit_every_nvidia_part_forge_builds_for():
+    """attn_prefill's dynamic shared memory (plus its ~1 KB static and the 1 KB the driver keeps
+    a block) fits a block of sm_86 / sm_89 (99 KB), and two blocks an SM of sm_90 (228 KB):
+    the register count already holds it to two, more stages must not take one away."""
+    c = constants()
+    sizes = {k: v for k, v in c.items() if k.startswith("AP_SMEM_")}
+    assert len(sizes) == 6
+    for name, nbytes in sizes.items():
+        assert nbytes + 2048 <= 99 * 1024, name
+        assert 2 * (nbytes + 2048) <= 228 * 1024, name
+    # the f16 ring's geometry: stages x positions x (K row + V row of DP + 8 halves) x 2 bytes
+    assert c["AP_SMEM_128"] == c["AP_STAGES"] * 64 * 2 * (128 + 8) * 2

@@ -22,6 +22,7 @@ from forge.models.rope import FREQS_TENSOR, rope_frequencies
 from forge.models.spec import ModelSpec
 from forge_hip.contract import constants
 from forge_hip.library import (
+    PREFILL_WIDTHS,
     TCD_BK,
     TCD_THREADS,
     KernelLibrary,
@@ -40,7 +41,6 @@ AP_THREADS = constants()["AP_THREADS"]
 AP_TENSOR_CORES = constants()["AP_TENSOR_CORES"]
 AP_MAX_SPLITS = constants()["AP_MAX_SPLITS"]
 AP_ROWS = 64  # attn_prefill.hip: (token, query head) pairs per block
-PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
 TENSOR_CORE_FORMATS = (KvFormat.F16, KvFormat.Q8_0, KvFormat.Q4_0)  # attn_prefill's mma path
 TABLE_KINDS = ("yarn", "llama3")  # RoPE scalings the kernels read as a frequency table
 

@@ -27,6 +27,7 @@ MOE_VARIANTS = ("r1", "r8", "gen", "mma")  # moe.hip's moe_glu_* / moe_down_* su
 MOE_TYPED_R1 = ("MXFP4", "Q4_K", "Q6_K", "Q8_0")  # moe.hip's moe_*_r1_<type, lower case>
 ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
 ATT_DECODE_GROUP = 4  # attn_decode_w<W>_g4: query heads per block sharing their K/V reads
+PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
 
 
 class _Kernels(Mapping):
@@ -151,10 +152,21 @@ def tcd_shared_bytes(d: int, kv: KvFormat, directory: str | None = None) -> int:
     return constants(directory)[f"TCD_SMEM{TCD_FORMATS[kv].upper()}_{d}"]
 
 
-# Kernels that take dynamic shared memory on NVIDIA, and how much (attn_decode_tc's K/V rings;
-# their AMD build is empty and never launched).
-NV_DYNAMIC_SHARED = {f"attn_decode_tc{d}{sfx}": tcd_shared_bytes(d, kv)
-                     for d in TCD_HEAD_DIMS for kv, sfx in TCD_FORMATS.items()}  # fmt: skip
+def ap_shared_bytes(dp: int, quantized: bool, directory: str | None = None) -> int:
+    """Dynamic shared memory of attn_prefill_<dp> (attn_prefill_q<dp>: Q8_0 / Q4_0 caches) on
+    NVIDIA (contract.h's AP_SMEM_<dp> / AP_SMEM_Q<dp>, of `directory`'s sources when given)."""
+    return constants(directory)[f"AP_SMEM_{'Q' if quantized else ''}{dp}"]
+
+
+# Kernels that take dynamic shared memory on NVIDIA, and how much: attn_decode_tc's K/V rings
+# (their AMD build is empty and never launched), attn_prefill's tensor-core ring (static shared
+# memory on AMD, where it is the SIMT path's).
+NV_DYNAMIC_SHARED = {
+    **{f"attn_decode_tc{d}{sfx}": tcd_shared_bytes(d, kv)
+       for d in TCD_HEAD_DIMS for kv, sfx in TCD_FORMATS.items()},
+    **{f"attn_prefill_{'q' if q else ''}{dp}": ap_shared_bytes(dp, q)
+       for dp in PREFILL_WIDTHS for q in (False, True)},
+}  # fmt: skip
 
 
 def attn_decode_tc_kernel(d: int, dv: int, n_head: int, n_head_kv: int, arch: str,
