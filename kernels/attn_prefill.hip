@@ -466,6 +466,24 @@ FORGE_DEV void ap_pv(float (&o)[DVC / 8][4], const u32 (&pf)[BK / 16][4], const 
     }
 }
 
+// One tile of BK keys for a warp's 16 rows, in two halves whose products overlap the other
+// half's softmax: the second half's scores are issued before the first half's softmax, the first
+// half's P V before the second half's softmax.
+template <bool WHOLE, int DP, int BK, int DVC, int LDK, int LDV>
+FORGE_DEV void ap_tile(const u32 (&qf)[DP / 16][4], const u16* Ks, const u16* Vs,
+                       float (&o)[DVC / 8][4], float (&m)[2], float (&l)[2], const int (&lo)[2],
+                       const int (&hi)[2], int k0, float sl, int lane) {
+    constexpr int HB = BK / 2;
+    float s0[HB / 8][4], s1[HB / 8][4];
+    u32 p0[HB / 16][4], p1[HB / 16][4];
+    ap_scores<DP, HB, LDK>(s0, qf, Ks, lane);
+    ap_scores<DP, HB, LDK>(s1, qf, Ks + HB * LDK, lane);
+    ap_softmax<WHOLE, HB, DVC>(s0, p0, o, m, l, lo, hi, k0, sl, lane);
+    ap_pv<HB, DVC, LDV>(o, p0, Vs, lane);
+    ap_softmax<WHOLE, HB, DVC>(s1, p1, o, m, l, lo, hi, k0 + HB, sl, lane);
+    ap_pv<HB, DVC, LDV>(o, p1, Vs + HB * LDV, lane);
+}
+
 template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
     constexpr bool QUANT = FMT != KV_F16;
     using Sm = ApSmem<DP, QUANT>;
@@ -543,15 +561,11 @@ template <int DP, int FMT> FORGE_DEV void ap_tc(const ApArgs& a, u16* smem) {
             const bool sees = (hi[0] >= k0 && lo[0] < k0 + BK) || (hi[1] >= k0 && lo[1] < k0 + BK);
             if (!__any_sync(0xffffffffu, sees)) continue;  // no live score in the warp's rows
             const bool whole = lo[0] <= k0 && hi[0] >= k0 + BK - 1 && lo[1] <= k0 && hi[1] >= k0 + BK - 1;
-            float s[BK / 8][4];
-            u32 pf[BK / 16][4];
-            ap_scores<DP, BK, LDK>(s, qf, Ks, lane);
             if (__all_sync(0xffffffffu, whole)) {
-                ap_softmax<true, BK, DVC>(s, pf, o, m, l, lo, hi, k0, a.sl, lane);
+                ap_tile<true, DP, BK, DVC, LDK, LDV>(qf, Ks, Vs, o, m, l, lo, hi, k0, a.sl, lane);
             } else {
-                ap_softmax<false, BK, DVC>(s, pf, o, m, l, lo, hi, k0, a.sl, lane);
+                ap_tile<false, DP, BK, DVC, LDK, LDV>(qf, Ks, Vs, o, m, l, lo, hi, k0, a.sl, lane);
             }
-            ap_pv<BK, DVC, LDV>(o, pf, Vs, lane);
         }
         cp_async_wait<0>();  // (groups past the last tile are empty)
         sa = seg.last + 1;
