@@ -185,37 +185,37 @@ FORGE_DEV float moe_act(float g, float u, int act, float alpha, float limit) {
     return mvq_act(g, act) * u;
 }
 
-// One-row gated products of an MXFP4 expert: this lane's units of the gate row and of the up
-// row n loaded together, MOE_GLU_UNITS of each a round before any is computed (those past the
-// row's end predicated off), where row_dot takes the gate row, then the up row, each in runs of
-// 4 units and a remainder one unit at a time. gpt-oss's 2,880 values are 180 units: two rounds
-// of a 32-lane row (H200, gpt-oss-20b twin, tg128 437.1 -> 447.6 tok/s; 6 units a round, one
-// round, needed 79 registers and three blocks an SM: 436.8).
-#define MOE_GLU_UNITS 4
-FORGE_DEV void moe_glu_row_mxfp4(const MvMat& g, const MvMat& up, int n, int lane, int G,
-                                 const XQ& x, float* acc, float* acc2) {
-    constexpr int S = MOE_GLU_UNITS;
-    const u8* rg = g.W + (i64)n * g.row_bytes;
-    const u8* ru = up.W + (i64)n * up.row_bytes;
-    const int units = g.K / 16;
-    for (int u = lane; u < units; u += S * G) {
-        Ld32 wg[S], wu[S];
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            if (u + s * G < units) {
-                wg[s] = ld_mxfp4(rg, u + s * G);
-                wu[s] = ld_mxfp4(ru, u + s * G);
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            if (u + s * G < units) {
-                add_mxfp4<1>(wg[s], u + s * G, x, 1, acc);
-                add_mxfp4<1>(wu[s], u + s * G, x, 1, acc2);
-            }
-        }
+// One-row gated products of an expert of the typed kernels' types: this lane's units of the
+// gate row and of the up row n loaded together, S of each a round before any is computed (those
+// past the row's end predicated off), where row_dot takes the gate row, then the up row, each in
+// runs of 4 units and a remainder one unit at a time (the sums keep their order, so their bits).
+// gpt-oss's MXFP4 rows of 2,880 values are 180 units: two rounds of a 32-lane row at S = 4 (H200,
+// gpt-oss-20b twin, tg128 437.1 -> 447.6 tok/s; S = 6, one round, needed 79 registers and three
+// blocks an SM: 436.8); Qwen3-30B-A3B's Q4_K rows of 2,048 are 32 units, one round at S = 1.
+#define MOE_GLU_ROW(T, DIV, XS, S)                                                             \
+    FORGE_DEV void moe_glu_row_##T(const MvMat& g, const MvMat& up, int n, int lane, int G,    \
+                                   const XQ& x1, const XQ& x2, float* acc, float* acc2) {     \
+        const u8* rg = g.W + (i64)n * g.row_bytes;                                             \
+        const u8* ru = up.W + (i64)n * up.row_bytes;                                           \
+        const int units = g.K / (DIV);                                                         \
+        for (int u = lane; u < units; u += (S) * G) {                                          \
+            decltype(ld_##T(rg, 0)) wg[S], wu[S];                                              \
+            _Pragma("unroll") for (int s = 0; s < (S); ++s) {                                  \
+                if (u + s * G < units) {                                                       \
+                    wg[s] = ld_##T(rg, u + s * G);                                             \
+                    wu[s] = ld_##T(ru, u + s * G);                                             \
+                }                                                                              \
+            }                                                                                  \
+            _Pragma("unroll") for (int s = 0; s < (S); ++s) {                                  \
+                if (u + s * G < units) {                                                       \
+                    add_##T<1>(wg[s], u + s * G, XS, 1, acc);                                  \
+                    add_##T<1>(wu[s], u + s * G, XS, 1, acc2);                                 \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
     }
-}
+MOE_GLU_ROW(mxfp4, 16, x1, 4)
+MOE_GLU_ROW(q4_k, 64, x2, 1)
 
 template <int RM, bool GEN, int TT = -1>
 FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles, const u8* xg,
@@ -242,7 +242,9 @@ FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles,
         for (int r = 0; r < RM; ++r) acc[r] = acc2[r] = 0.0f;
         if (n < m.N) {
             if (TT == T_MXFP4 && RM == 1 && glu) {
-                moe_glu_row_mxfp4(m, up, n, lane, G, c1, acc, acc2);
+                moe_glu_row_mxfp4(m, up, n, lane, G, c1, c2, acc, acc2);
+            } else if (TT == T_Q4_K && RM == 1 && glu) {
+                moe_glu_row_q4_k(m, up, n, lane, G, c1, c2, acc, acc2);
             } else {
                 row_dot<RM, GEN, false, TT>(m, n, lane, G, c1, c2, rc, acc);
                 if (glu) row_dot<RM, GEN, false, TT>(up, n, lane, G, c1, c2, rc, acc2);
@@ -289,7 +291,7 @@ MOE_KERNELS(r1, 1, false, 3, -1)
 MOE_KERNELS(r8, 8, false, 2, -1)
 MOE_KERNELS(gen, 8, true, 2, -1)
 // (MINB: the most blocks these fit without spilling registers, ptxas for sm_90, or a few bytes;
-// r1_mxfp4's gated kernel holds both rows' units: 63 registers)
+// the gated r1_mxfp4 and r1_q4_k hold both rows' units)
 MOE_KERNELS(r1_mxfp4, 1, false, 4, T_MXFP4)
 MOE_KERNELS(r1_q4_k, 1, false, 4, T_Q4_K)
 MOE_KERNELS(r1_q6_k, 1, false, 4, T_Q6_K)
