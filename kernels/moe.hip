@@ -198,6 +198,8 @@ FORGE_DEV float moe_act(float g, float u, int act, float alpha, float limit) {
         const u8* rg = g.W + (i64)n * g.row_bytes;                                             \
         const u8* ru = up.W + (i64)n * up.row_bytes;                                           \
         const int units = g.K / (DIV);                                                         \
+        (void)x1;                                                                              \
+        (void)x2; /* (each type reads one of them) */                                          \
         for (int u = lane; u < units; u += (S) * G) {                                          \
             decltype(ld_##T(rg, 0)) wg[S], wu[S];                                              \
             _Pragma("unroll") for (int s = 0; s < (S); ++s) {                                  \
