@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
 from forge_hip.attention_part import AP_TENSOR_CORES, prefill_blocks  # noqa: E402
-from forge_hip.contract import constants  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS  # noqa: E402
-from forge_hip.library import KernelLibrary  # noqa: E402
+from forge_hip.library import PREFILL_WIDTHS, KernelLibrary, ap_shared_bytes  # noqa: E402
 from forge_hip.runtime import open_runtime  # noqa: E402
 
 from benchmarks.attn_decode_probe import chain_us, kernel  # noqa: E402
@@ -55,14 +54,15 @@ def probe(rt, lib, dev, directory: str, heads, rows: int, depth: int, splits: in
     btoff = dev.put(np.zeros(rows, np.int32))
     bt = dev.put(np.arange(n_blocks, dtype=np.int32))
     out = dev.poisoned(rows * H * D * 4)
-    dp = next(p for p in (64, 128, 256) if D <= p)
+    dp = next(p for p in PREFILL_WIDTHS if D <= p)
     blocks = prefill_blocks(rows, H, KVH, D, dp)
-    k = kernel(lib, f"attn_prefill_{'q' if fmt.block > 1 else ''}{dp}", directory)
-    if rt.platform == "cuda":  # the dynamic shared memory of `directory`'s kernels (none before)
-        smem = constants(str(Path(directory).resolve())).get(
-            f"AP_SMEM_{'Q' if fmt.block > 1 else ''}{dp}", 0
-        )
-        k = rt.reserve_shared(k, smem) if smem else replace(k, shared=0)
+    quantized = fmt.block > 1
+    k = kernel(lib, f"attn_prefill_{'q' if quantized else ''}{dp}", directory)
+    if rt.platform == "cuda":  # `directory`'s ring (sources before it: static shared memory only)
+        try:
+            k = rt.reserve_shared(k, ap_shared_bytes(dp, quantized, str(Path(directory).resolve())))
+        except KeyError:
+            k = replace(k, shared=0)
     args = [q, *kv, bt, btoff, pos, out, rows, H, KVH, D, D, BS, D**-0.5, 0,
             KV_FORMAT_IDS[fmt] | AP_TENSOR_CORES, 0]  # fmt: skip
     takes_splits = len(k.signature) > len(args)
