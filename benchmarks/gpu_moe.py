@@ -6,11 +6,15 @@ bandwidth) and the decode step's time per kernel group and per launch slot of a 
 captured graph, gpu_bench.decode_shares).
 
   python benchmarks/gpu_moe.py [--spec SPEC.json.gz] [--work DIR] [--out DIR] [--generic-experts]
-                               [--decode-only]
+                               [--decode-only | --prefill-only] [--prefill-tiles V] [--prompt N]
 
 --generic-experts: the expert kernels for every weight type instead of the one-type decode
 kernels (forge_hip.experts.kernel), for comparison. --decode-only: the one-sequence decode
 figures only (no prefill, no batched decode), e.g. to compare tuning files (FORGE_HIP_TUNING).
+--prefill-only: the prefill figure and its kernels' times only. --prefill-tiles V: passes of more
+than 8 pairs an expert take expert variant V (mma, gemm64 or gemm128) instead of the one
+forge_hip.experts.variant picks, for comparison. --prompt N: prefill N tokens (default 512, at
+most 512: one pass).
 
 Prints a short table; writes gpu_moe.json (with --generic-experts gpu_moe_generic.json) under
 --out.
@@ -64,6 +68,19 @@ def active_bytes(spec, gguf) -> tuple[int, int]:
     return total, active
 
 
+def force_prefill_tiles(v: str) -> None:
+    """Passes of more than 8 pairs an expert take expert variant v (the tensor-core tiles)."""
+    from forge_hip import experts
+
+    chosen = experts.variant
+
+    def variant(types, pairs, n_expert):
+        return v if chosen(types, pairs, n_expert) in ("mma", "gemm64", "gemm128") else chosen(
+            types, pairs, n_expert)  # fmt: skip
+
+    experts.variant = variant
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
@@ -72,7 +89,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--generic-experts", action="store_true")
     ap.add_argument("--decode-only", action="store_true")
+    ap.add_argument("--prefill-only", action="store_true")
+    ap.add_argument("--prefill-tiles", choices=["mma", "gemm64", "gemm128"])
+    ap.add_argument("--prompt", type=int, default=512, choices=range(1, 513), metavar="N")
     args = ap.parse_args()
+    if args.prefill_tiles:
+        force_prefill_tiles(args.prefill_tiles)
 
     import forge
     from forge.backend import SeqBatch
@@ -85,7 +107,8 @@ def main() -> int:
     runner.plan.ffns.typed = not args.generic_experts
     bandwidth = copy_bandwidth(runner.rt)
     rng = np.random.default_rng(0)
-    prompt = rng.integers(1, spec.n_vocab, size=512).astype(np.int32)
+    plen = args.prompt
+    prompt = rng.integers(1, spec.n_vocab, size=plen).astype(np.int32)
     table = np.arange(1024 // BLOCK, dtype=np.int32)
 
     def prefill() -> float:
@@ -104,13 +127,15 @@ def main() -> int:
     def decode_ahead(n: int) -> float:
         return decode_fed(runner, prompt, table, n)
 
-    decode_ahead(8)
-    tg = min(decode_ahead(128) for _ in range(3))
-    prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
-    shares = decode_shares(runner, table, by_slot=True)
+    tg, prof, shares = float("nan"), {}, {}
+    if not args.prefill_only:
+        decode_ahead(8)
+        tg = min(decode_ahead(128) for _ in range(3))
+        prof = runner.profile_decode([SeqBatch(np.array([7], np.int32), 128, table)])
+        shares = decode_shares(runner, table, by_slot=True)
 
     b, tb = args.batch, float("nan")
-    if not args.decode_only:
+    if not args.decode_only and not args.prefill_only:
         batched_decode(runner, spec.n_vocab, b, 4, rng)
         tb = min(batched_decode(runner, spec.n_vocab, b, 64, rng) for _ in range(2))
     total, active = active_bytes(spec, model.gguf)
@@ -118,6 +143,7 @@ def main() -> int:
     result = {
         "model": path.name,
         "expert_kernels": "generic" if args.generic_experts else "one-type where available",
+        "prefill_tiles": args.prefill_tiles or "chosen",
         "device": runner.rt.props.name,
         "load_s": round(load_s, 1),
         "copy_bandwidth_GBs": round(bandwidth / 1e9, 1),
@@ -126,7 +152,7 @@ def main() -> int:
         "decode_tg128_tok_s": round(tok_s, 1),
         "decode_floor_tok_s": round(bandwidth / active, 1),
         "decode_share_of_floor": round(tok_s * active / bandwidth, 3),
-        "prefill_pp512_tok_s": None if args.decode_only else round(512 / pp, 1),
+        f"prefill_pp{plen}_tok_s": None if args.decode_only else round(plen / pp, 1),
         f"batched_decode_{b}_seqs_tok_s": None if args.decode_only else round(b * 64 / tb, 1),
         "decode_step_us_by_group": shares,
         "decode_step_kernel_ms": {
@@ -140,12 +166,13 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         name = "gpu_moe_generic.json" if args.generic_experts else "gpu_moe.json"
-        if args.decode_only:
-            name = name.replace(".json", "_decode.json")
+        part = "_decode" if args.decode_only else "_prefill" if args.prefill_only else ""
+        tiles = f"_{args.prefill_tiles}" if args.prefill_tiles else ""
+        name = name.replace(".json", f"{part}{tiles}.json")
         (Path(args.out) / name).write_text(json.dumps(result, indent=1))
-    print(f"| model | tg128 | floor | pp512 | {b} seqs |\n|---|---|---|---|---|")
+    print(f"| model | tg128 | floor | pp{plen} | {b} seqs |\n|---|---|---|---|---|")
     print(f"| {path.name} | {tok_s:.1f} tok/s | {bandwidth / active:.0f} tok/s "
-          f"({100 * tok_s * active / bandwidth:.0f}%) | {512 / pp:.0f} tok/s | "
+          f"({100 * tok_s * active / bandwidth:.0f}%) | {plen / pp:.0f} tok/s | "
           f"{b * 64 / tb:.0f} tok/s |")  # fmt: skip
     print("decode step (us, in the graph):", ", ".join(f"{k} {v}" for k, v in shares.items()))
     return 0

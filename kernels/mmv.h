@@ -11,6 +11,8 @@
 //   Q2_K Q3_K: K/32 (one 32-element chunk, decoded to floats)   MXFP4: K/16 (as Q4_0)
 // Plain C++ under FORGE_HOST too, so that tests/test_hip_mmv_host.py checks the units on the CPU.
 #pragma once
+#include "glu_act.h"
+#include "mat_desc.h"
 #include "quants.h"
 
 struct alignas(16) V4 { u32 x, y, z, w; };
@@ -20,27 +22,9 @@ struct alignas(8) F2 { float x, y; };
 
 // ---- descriptors (contract.h's layout), shared by mmv.hip and mmq.hip ----
 
-struct MvMat {
-    const u8* W;
-    const float* x;
-    float* y;
-    const float* bias;
-    int type, K, N;
-    i64 row_bytes;
-};
+typedef MatDesc<float> MvMat;  // (x: float32 activations)
 
-FORGE_DEV MvMat mv_mat(const i64* d) {
-    MvMat m;
-    m.W = (const u8*)d[DESC_W];
-    m.x = (const float*)d[DESC_X];
-    m.y = (float*)d[DESC_Y];
-    m.bias = (const float*)d[DESC_BIAS];
-    m.type = (int)d[DESC_TYPE];
-    m.K = (int)d[DESC_K];
-    m.N = (int)d[DESC_N];
-    m.row_bytes = d[DESC_ROW_BYTES];
-    return m;
-}
+FORGE_DEV MvMat mv_mat(const i64* d) { return mat_desc<float>(d); }
 
 // Item w: matrix m (among nmat from `first`) and its row group j; false past the last item.
 FORGE_DEV bool mvq_item(const i64* descs, int first, int nmat, int RB, int w, MvMat* m, int* j) {
@@ -57,12 +41,6 @@ FORGE_DEV bool mvq_item(const i64* descs, int first, int nmat, int RB, int w, Mv
 }
 
 #if !defined(FORGE_HOST)
-// The gated products' activation: 0 SiLU, 1 GELU-tanh.
-FORGE_DEV float mvq_act(float a, int act) {
-    return act == 1 ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
-                    : a / (1.0f + expf(-a));
-}
-
 // Start moving `bytes` at p into L2 (the whole block shares the work).
 FORGE_DEV void mvq_prefetch(const u8* p, i64 bytes) {
 #if defined(FORGE_NV)

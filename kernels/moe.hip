@@ -176,15 +176,6 @@ FORGE_DEV MvMat moe_expert(const i64* d, int e) {
     return m;
 }
 
-FORGE_DEV float moe_act(float g, float u, int act, float alpha, float limit) {
-    if (act == 2) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
-    }
-    return mvq_act(g, act) * u;
-}
-
 // One-row gated products of an expert of the typed kernels' types: this lane's units of the
 // gate row and of the up row n loaded together, S of each a round before any is computed (those
 // past the row's end predicated off), where row_dot takes the gate row, then the up row, each in

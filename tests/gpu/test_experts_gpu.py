@@ -104,22 +104,22 @@ def test_combine_sums_each_rows_slots_in_order(rt, lib, dev):
 
 
 PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take
-    "qwen3moe-q4_k_m.gguf": {"r1", "r8", "mma"},
-    "qwen3moe-q8_0.gguf": {"r1", "r8", "mma"},
-    "gpt-oss-q8_0.gguf": {"r1", "mma"},  # 8 experts, 4 a token: 12 pairs each at 24 tokens
-    "gpt-oss-mxfp4.gguf": {"r1", "mma"},
+    "qwen3moe-q4_k_m.gguf": {"r1", "r8", "gemm128"},  # 8 experts, 2 a token
+    "qwen3moe-q8_0.gguf": {"r1", "r8", "gemm128"},
+    "gpt-oss-q8_0.gguf": {"r1", "mma", "gemm128"},  # 8 experts, 4 a token: 12 pairs each at 24
+    "gpt-oss-mxfp4.gguf": {"r1", "mma", "gemm128"},
 }
 
 
-@pytest.mark.parametrize("forced", [None, "r1", "r1-any", "r8", "gen"])
+@pytest.mark.parametrize("forced", [None, "r1", "r1-any", "r8", "gen", "mma", "gemm64"])
 @pytest.mark.parametrize("model_file", list(PLANNED))
 def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_dir, monkeypatch,
                                                 report):  # fmt: skip
     """Logits of prompts of 1, 24 and 300 tokens on hip and cpu_simd, within the golden bound
-    of the model's weights: the planned variants (r1, r8, mma for these pass sizes) and each
-    dot-product variant forced at every size (tiles of 1 or 8 pairs for 512 pairs of a pass;
-    gen: the decoder of every type, the one Q2_K/Q3_K experts take; r1 takes the one-type
-    kernels where moe.hip has them, r1-any the kernels for every type)."""
+    of the model's weights: the planned variants and each variant forced at every size (tiles
+    of 1 or 8 pairs for 512 pairs of a pass; gen: the decoder of every type, the one Q2_K/Q3_K
+    experts take; r1 takes the one-type kernels where moe.hip has them, r1-any the kernels for
+    every type; mma / gemm64: int8 / 16-bit tensor-core tiles of 32 / 64 pairs)."""
     from forge_hip import experts
 
     monkeypatch.setenv("FORGE_HIP_KV", "f32")

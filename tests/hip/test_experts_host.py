@@ -31,11 +31,20 @@ def _moe_launches(rt) -> list[tuple[str, tuple]]:
     return [(n, g) for n, g, _ in rt.launches if n.startswith("moe_")]
 
 
-@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r1"), (24, "r8"), (300, "mma")])
+@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r1"), (24, "r8"), (48, "mma"),
+                                          (100, "gemm64"), (300, "gemm128")])  # fmt: skip
 def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
     golden_dir, rows, variant
 ):
-    from forge_hip.experts import ROUTER_ROWS, TOPK_ROWS, kernel, max_tiles, route_threads
+    from forge_hip.experts import (
+        ROUTER_ROWS,
+        TOPK_ROWS,
+        VARIANT_RM,
+        kernel,
+        max_tiles,
+        route_threads,
+    )
+    from forge_hip.library import ROUND_MODE
 
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt)
@@ -48,19 +57,40 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
     want = []
     router = ["moe_router"] if rows <= ROUTER_ROWS else []  # (the model's routers are F32)
     topk = ["moe_topk"] if rows > TOPK_ROWS else []  # many rows: chosen by a warp each first
+    gemm = variant.startswith("gemm")
     for part in runner.plan.ffn:
-        glu, down = kernel("glu", variant, part.types[:2]), kernel("down", variant, part.types[2:])
-        want += [*router, *topk, "moe_route", "moe_quant", glu, "moe_quant", down, "moe_combine"]
+        if gemm:  # 16-bit tensor-core tiles (moe_gemm.hip): activations by act_half
+            products = [f"moe_gemm_glu_m{variant[4:]}", f"moe_gemm_down_m{variant[4:]}"]
+        else:
+            glu = kernel("glu", variant, part.types[:2])
+            products = ["moe_quant", glu, "moe_quant", kernel("down", variant, part.types[2:])]
+        want += [*router, *topk, "moe_route", *products, "moe_combine"]
     assert [n for n, _ in moe] == want
+    halves = [a for n, a in rt.launch_args if n == "act_half" and a[1] == runner.ws.moe_xq]
+    if gemm:  # ws.h's rows for gate/up (Q4_K: q8 per 256), the gated outputs for down
+        ws, n_embd = runner.ws, runner.spec.n_embd
+        expected = []
+        for p in runner.plan.ffn:
+            expected += [
+                [ws.h, ws.moe_xq, n_embd, 2],
+                [ws.moe_g, ws.moe_xq, f.n_ff, ROUND_MODE[p.types[2]]],
+            ]
+        assert halves == expected
+    else:
+        assert halves == []
     r1 = {n for n, _ in moe if "_r1" in n}  # the one-type kernels: Q4_K gate/up, Q4_K/Q6_K down
     assert r1 <= {"moe_glu_r1_q4_k", "moe_down_r1_q4_k", "moe_down_r1_q6_k"} and (rows > 8) != bool(
         r1
     )
     pairs = rows * f.n_expert_used
-    rm = {"r1": 1, "r8": 8, "mma": 32}[variant]
+    rm = VARIANT_RM[variant]
     for name, grid in moe:
-        if name.startswith(("moe_glu", "moe_down")):
+        if name.startswith(("moe_glu", "moe_down", "moe_gemm")):
             assert grid[1] == max_tiles(pairs, rm, f.n_expert)  # every possible tile a block row
+        if name.startswith("moe_gemm_glu"):  # 64 outputs of both gate and up a block
+            assert grid[0] == -(-f.n_ff // 64)
+        if name.startswith("moe_gemm_down"):
+            assert grid[0] == -(-runner.spec.n_embd // 128)
         if name == "moe_route":
             assert grid == (1,)
         if name == "moe_combine":
@@ -133,10 +163,10 @@ def test_expert_weights_the_kernels_do_not_decode_are_refused_by_name(golden_dir
         check_spec(build_spec(gguf), as_f16)
 
 
-@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r8"), (300, "mma")])
+@pytest.mark.parametrize("rows,variant", [(1, "r1"), (8, "r8"), (24, "mma"), (300, "gemm128")])
 def test_mxfp4_experts_take_the_variant_for_their_rows(golden_dir, rows, variant):
-    """MXFP4 experts (gpt-oss: 8 experts, 4 a token) take every variant, tensor-core tiles
-    included."""
+    """MXFP4 experts (gpt-oss: 8 experts, 4 a token) take every variant, both kinds of
+    tensor-core tiles included."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, rt, "gpt-oss-mxfp4.gguf")
     runner.allocate_kv(64, 16)
@@ -144,9 +174,10 @@ def test_mxfp4_experts_take_the_variant_for_their_rows(golden_dir, rows, variant
     tokens = np.arange(1, rows + 1, dtype=np.int32) % 400
     runner.forward([SeqBatch(tokens, 0, np.arange(-(-rows // 16)), "last")])
     names = [n for n, _ in _moe_launches(rt)]
-    suffix = "r1_mxfp4" if variant == "r1" else variant
-    assert names.count(f"moe_glu_{suffix}") == names.count(f"moe_down_{suffix}") == 4
-    assert len({n for n in names if n.startswith("moe_glu")}) == 1
+    suffix = {"r1": "r1_mxfp4", "gemm128": "m128"}.get(variant, variant)
+    kind = "moe_gemm_" if variant.startswith("gemm") else "moe_"
+    assert names.count(f"{kind}glu_{suffix}") == names.count(f"{kind}down_{suffix}") == 4
+    assert len({n for n in names if n.startswith(f"{kind}glu")}) == 1
 
 
 def test_one_type_kernels_only_where_every_matrix_has_that_type(golden_dir):

@@ -19,10 +19,12 @@ moe_router, a block per expert, instead of the plain product (a warp per expert:
 
 Grids depend on R only (tiles past the last do nothing), so the launches are graph-captured
 like the rest of a decode step. V follows the pairs per expert: one-pair tiles for decode, 8 for
-a few pairs per expert, else tiles of 32 on int8 tensor cores ("mma", mmq.h's types); "gen"
-when an expert matrix is Q2_K or Q3_K. One-pair tiles of matrices of one type take that type's
-own kernel (moe_glu_r1_<type>: fewer registers, more blocks on a compute unit) where moe.hip has
-one.
+a few pairs per expert, tiles of 32 on int8 tensor cores ("mma", mmq.h's types) for some more,
+and past GEMM_PAIRS pairs an expert the prefill passes' 16-bit tensor-core tiles of 64 or 128
+pairs ("gemm64" / "gemm128", moe_gemm.hip: steps 3-4 become act_half of ws.h, moe_gemm_glu_m<BM>,
+act_half of the gated outputs, moe_gemm_down_m<BM>); "gen" when an expert matrix is Q2_K or Q3_K.
+One-pair tiles of matrices of one type take that type's own kernel (moe_glu_r1_<type>: fewer
+registers, more blocks on a compute unit) where moe.hip has one.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 from forge.models.spec import ExpertFFN, ModelSpec
 from forge_hip.arena import Placed
 from forge_hip.contract import constants
-from forge_hip.library import BUILTIN_MATMUL, MOE_TYPED_R1, KernelLibrary
-from forge_hip.products import DESC, Products
+from forge_hip.library import BUILTIN_MATMUL, MOE_TYPED_R1, ROUND_MODE, KernelLibrary
+from forge_hip.products import DESC, GEMM_N, GEMM_THREADS, NORM_THREADS, Products
 from forge_hip.tuning import MMQ_TYPES, MVQ_GEN, MVQ_THREADS, mvq_lanes, mvq_need
 from forge_hip.workspace import Workspace
 
@@ -43,7 +45,12 @@ ROUTER_THREADS, ROUTER_VEC = _C["MOE_ROUTER_THREADS"], _C["MOE_ROUTER_VEC"]
 ROUTER_ROWS = _C["MOE_ROUTER_ROWS"]
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}  # moe_glu's act
 GATINGS = {"softmax": 0, "softmax_chosen": 1}  # moe_route's gating
-VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32}  # pairs per tile
+VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32, "gemm64": 64, "gemm128": 128}  # pairs a tile
+# Pairs per expert from which the 16-bit tensor-core tiles take the products, and from which
+# their tiles hold 128 pairs. H200, Qwen3-30B-A3B twin: at 16 an expert (256-token pass) 64-pair
+# tiles 9,460 tok/s against the int8 tiles' 8,164; at 32 (512 tokens) 128-pair tiles 14,789
+# against 13,311: decoding a tile's weights costs more than its half-empty rows.
+GEMM_PAIRS, GEMM128_PAIRS = 16, 32
 MMA_ROWS = 16 * _C["MMQ_WARPS"]  # weight rows per block of the mma variant
 COMBINE_THREADS = 256
 TOPK_ROWS = 32  # rows past which moe_topk chooses the experts before moe_route sorts the pairs
@@ -78,7 +85,9 @@ def variant(types: tuple[str, ...], pairs: int, n_expert: int) -> str:
         return "r1"
     if per_expert <= 8 or not set(types) <= MMQ_TYPES:
         return "r8"
-    return "mma"
+    if per_expert < GEMM_PAIRS or types[0] != types[1]:  # (a gated tile decodes one type)
+        return "mma"
+    return "gemm128" if per_expert >= GEMM128_PAIRS else "gemm64"
 
 
 def kernel(kind: str, v: str, types: list[str], typed: bool = True) -> str:
@@ -156,6 +165,17 @@ class Experts:
         launch(lib.get("moe_route"), (1,), (route_threads(f.n_expert, rows),),
                [*gating, rm, tiles, int(chosen), ws.moe_ids, ws.moe_w, ws.moe_order,
                 ws.moe_pos, ws.moe_tiles])  # fmt: skip
+        if v.startswith("gemm"):
+            self._gemm_products(part, rows, pairs, rm, tiles)
+        else:
+            self._products(part, v, rm, pairs, tiles)
+        launch(lib.get("moe_combine"), (rows, -(-s.n_embd // COMBINE_THREADS)),
+               (COMBINE_THREADS,), [ws.moe_y, ws.moe_pos, ws.moe_w, k, s.n_embd, ws.o])  # fmt: skip
+
+    def _products(self, part: ExpertLaunches, v: str, rm: int, pairs: int, tiles: int) -> None:
+        """The chosen experts' gate/up and down products of the dot-product variants (steps 3-4)."""
+        f, s, ws, lib, launch = self.f, self.spec, self.ws, self.lib, self.products.launch
+        k = f.n_expert_used
         gate_up_types, down_types = list(part.types[:2]), [part.types[2]]
         need = self._quantize(ws.h, ws.moe_order, k, s.n_embd, pairs, gate_up_types)
         lanes = mvq_lanes(gate_up_types, s.n_embd, rm, f.n_ff)
@@ -172,8 +192,24 @@ class Experts:
             (MVQ_THREADS,),
             [ws.descs, part.down, ws.moe_tiles, ws.moe_xq, pairs, f.n_ff, need, lanes],
         )
-        launch(lib.get("moe_combine"), (rows, -(-s.n_embd // COMBINE_THREADS)),
-               (COMBINE_THREADS,), [ws.moe_y, ws.moe_pos, ws.moe_w, k, s.n_embd, ws.o])  # fmt: skip
+
+    def _gemm_products(
+        self, part: ExpertLaunches, rows: int, pairs: int, bm: int, tiles: int
+    ) -> None:
+        """The same products on 16-bit tensor cores (moe_gemm.hip, tiles of bm pairs): ws.h's
+        rows and then the gated outputs rounded as the experts' type rounds them, into 16-bit
+        words in ws.moe_xq."""
+        f, s, ws, lib, launch = self.f, self.spec, self.ws, self.lib, self.products.launch
+        launch(lib.get("act_half"), (rows,), (NORM_THREADS,),
+               [ws.h, ws.moe_xq, s.n_embd, ROUND_MODE[part.types[0]]])  # fmt: skip
+        launch(lib.get(f"moe_gemm_glu_m{bm}"), (-(-f.n_ff // (GEMM_N // 2)), tiles),
+               (GEMM_THREADS,),
+               [ws.descs, part.gate_up, ws.moe_tiles, ws.moe_xq, ws.moe_order, f.n_expert_used,
+                ACTIVATIONS[f.activation], f.swiglu_alpha, f.swiglu_limit])  # fmt: skip
+        launch(lib.get("act_half"), (pairs,), (NORM_THREADS,),
+               [ws.moe_g, ws.moe_xq, f.n_ff, ROUND_MODE[part.types[2]]])  # fmt: skip
+        launch(lib.get(f"moe_gemm_down_m{bm}"), (-(-s.n_embd // GEMM_N), tiles), (GEMM_THREADS,),
+               [ws.descs, part.down, ws.moe_tiles, ws.moe_xq])  # fmt: skip
 
     def _router(self, first: int, rows: int) -> None:
         """The router's logits of `rows` rows of ws.h into ws.moe_logits: moe_router for a

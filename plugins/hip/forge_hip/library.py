@@ -25,6 +25,7 @@ TYPE_SUFFIX = {
 MVQ_VARIANTS = ("r1", "r2", "r4", "r8", "r16", "r32", "gen")  # mmv.hip's mvq_* kernel suffixes
 MOE_VARIANTS = ("r1", "r8", "gen", "mma")  # moe.hip's moe_glu_* / moe_down_* suffixes
 MOE_TYPED_R1 = ("MXFP4", "Q4_K", "Q6_K", "Q8_0")  # moe.hip's moe_*_r1_<type, lower case>
+MOE_GEMM_ROWS = (64, 128)  # moe_gemm.hip's moe_gemm_{glu,down}_m<BM>: pairs per tile
 ATT_DECODE_WIDTHS = (64, 128, 256, 512)  # attention.hip's attn_decode_w<W>: widest head each
 ATT_DECODE_GROUP = 4  # attn_decode_w<W>_g4: query heads per block sharing their K/V reads
 PREFILL_WIDTHS = (64, 128, 256)  # attn_prefill_<DP>: head dims padded to DP
@@ -105,6 +106,7 @@ def plan_kernels() -> set[str]:
         "moe_route", "moe_topk", "moe_quant", "moe_combine", "moe_router",
         *(f"moe_{k}_{v}" for k in ("glu", "down") for v in MOE_VARIANTS),
         *(f"moe_{k}_r1_{s}" for k in ("glu", "down") for s in map(str.lower, MOE_TYPED_R1)),
+        *(f"moe_gemm_{k}_m{bm}" for k in ("glu", "down") for bm in MOE_GEMM_ROWS),
     }  # fmt: skip
 
 
