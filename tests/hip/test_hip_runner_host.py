@@ -451,6 +451,21 @@ def test_long_gated_rows_take_fewer_lanes_where_they_fill_the_gpu():
     assert mvq_lanes(["Q5_0", "Q5_0"], 640, 1, 2048, True, 132) == 16  # gemma3: 40 units
 
 
+def test_one_row_products_of_long_rows_take_x_from_one_quantizing_launch():
+    """mvq_global_x: a one-row product quantizes x once (mvq_quant) past mvq_row_tasks pieces of
+    256 (llama-8B's 4096-wide O: not in each of its blocks); several rows keep mvq_quant_tasks
+    pieces in all; a copy larger than a block's shared memory always goes through mvq_quant."""
+    from forge_hip.tuning import DEFAULT, mvq_global_x
+
+    assert (DEFAULT.mvq_row_tasks, DEFAULT.mvq_quant_tasks) == (8, 32)
+    assert mvq_global_x(1, 1, 4096, 1)  # 16 pieces
+    assert not mvq_global_x(1, 1, 2048, 1)  # 8: gemma3's rows stay in the blocks
+    assert not mvq_global_x(0, 1, 4096, 1)  # float types: nothing to quantize
+    assert not mvq_global_x(1, 2, 4096, 2)  # two rows: 32 pieces
+    assert mvq_global_x(1, 3, 4096, 4)  # 48 pieces
+    assert mvq_global_x(3, 1, 1 << 20, 1)  # past the block's shared memory
+
+
 def _arena_rows(type_name: str, n: int, k: int, seed: int):
     """Random GGML rows of `type_name`, gguf's dequantization of them, and the arena's device
     layout of them (forge_hip.arena.device_rows: bytes, row-0 pointer offset)."""

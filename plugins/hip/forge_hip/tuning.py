@@ -52,6 +52,7 @@ class Tuning:
     mvq_flags: int
     mvq_prefetch_bytes: int
     mvq_quant_tasks: int
+    mvq_row_tasks: int
     mvq_split: bool
     mvq_long_n: int
     mvq_pair_lanes: int
@@ -142,11 +143,12 @@ def mvq_xbytes(need: int, rows: int, k: int) -> int:
 def mvq_global_x(need: int, rows: int, k: int, rm: int, tune: Tuning = DEFAULT) -> bool:
     """Whether x is quantized once into global memory (mvq_quant, one launch more) instead of by
     every block into its shared memory: when it does not fit there, or (up to mv_max_rows rows)
-    when it would take each block's warps more than mvq_quant_tasks pieces of 256 elements."""
+    when it would take each block's warps more than mvq_quant_tasks pieces of 256 elements
+    (one row: mvq_row_tasks). Both give the same bits (mmv_rows.h's mvq_quant8)."""
     tasks = rows * -(-k // 256)
     if rows > tune.mv_max_rows:
         return bool(need) and mvq_xbytes(need, rows, k) > MVQ_SMEM[rm]
-    too_long = tasks > tune.mvq_quant_tasks
+    too_long = tasks > (tune.mvq_row_tasks if rows == 1 else tune.mvq_quant_tasks)
     return bool(need) and (mvq_xbytes(need, rows, k) > MVQ_SMEM[rm] or too_long)
 
 
