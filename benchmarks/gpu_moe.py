@@ -69,14 +69,16 @@ def active_bytes(spec, gguf) -> tuple[int, int]:
 
 
 def force_prefill_tiles(v: str) -> None:
-    """Passes of more than 8 pairs an expert take expert variant v (the tensor-core tiles)."""
+    """Passes of more than 8 pairs an expert take expert variant v (the tensor-core tiles); the
+    16-bit ones only where gate and up share a type (a gated tile decodes one)."""
     from forge_hip import experts
 
     chosen = experts.variant
 
     def variant(types, pairs, n_expert):
-        return v if chosen(types, pairs, n_expert) in ("mma", "gemm64", "gemm128") else chosen(
-            types, pairs, n_expert)  # fmt: skip
+        picked = chosen(types, pairs, n_expert)
+        fits = v == "mma" or types[0] == types[1]
+        return v if picked in ("mma", "gemm64", "gemm128") and fits else picked
 
     experts.variant = variant
 
@@ -88,8 +90,9 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--generic-experts", action="store_true")
-    ap.add_argument("--decode-only", action="store_true")
-    ap.add_argument("--prefill-only", action="store_true")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--decode-only", action="store_true")
+    only.add_argument("--prefill-only", action="store_true")
     ap.add_argument("--prefill-tiles", choices=["mma", "gemm64", "gemm128"])
     ap.add_argument("--prompt", type=int, default=512, choices=range(1, 513), metavar="N")
     args = ap.parse_args()

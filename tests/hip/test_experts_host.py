@@ -260,3 +260,23 @@ def test_a_router_that_is_not_float32_takes_the_plain_product(golden_dir):
     runner.forward([SeqBatch(np.array([5], np.int32), 0, np.arange(1), "last")])
     names = [n for n, _, _ in rt.launches]
     assert "moe_router" not in names and names.count("moe_route") == runner.spec.n_layer
+
+
+def test_the_16_bit_expert_tiles_take_only_types_they_decode():
+    """variant gives moe_gemm.hip's tiles only matrices its type switch decodes (a type it lacks
+    would leave y unwritten), gate and up of one type (a gated tile decodes one), and past
+    GEMM_PAIRS pairs an expert."""
+    from forge_hip.experts import GEMM128_PAIRS, GEMM_PAIRS, variant
+    from forge_hip.sources import load_source
+    from forge_hip.tuning import MMQ_TYPES
+
+    text = load_source("moe_gemm.hip")
+    for t in MMQ_TYPES:
+        assert f"case T_{t}: gemm_tile<T_{t}, BM, GLU>" in text, t
+    e = 8
+    assert variant(("Q4_K", "Q4_K", "Q6_K"), GEMM_PAIRS * e, e) == "gemm64"
+    assert variant(("Q4_K", "Q4_K", "Q6_K"), GEMM128_PAIRS * e, e) == "gemm128"
+    assert variant(("Q4_K", "Q4_K", "Q6_K"), (GEMM_PAIRS - 1) * e, e) == "mma"
+    assert variant(("Q4_K", "Q5_K", "Q6_K"), 64 * e, e) == "mma"  # gate and up differ
+    assert variant(("F16", "F16", "F16"), 64 * e, e) == "r8"  # no int8 or 16-bit tile here
+    assert variant(("Q3_K", "Q3_K", "Q6_K"), 64 * e, e) == "gen"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 from enum import IntEnum
 
 import pytest
@@ -77,13 +78,26 @@ def test_sources_inline_local_headers_once(tmp_path):
         load_source("bad.hip", str(tmp_path))
 
 
+def _pasted(name: str, text: str) -> bool:
+    """Whether a macro of `text` pastes `name`: a prefix of it before "##" in a definition
+    ("moe_glu_##SUFFIX(") and the rest as the first argument of an invocation
+    ("MOE_KERNELS(r1_mxfp4, ...")."""
+    return any(f"{name[:i]}##" in text
+               and re.search(rf"\b[A-Z][A-Z0-9_]*\(\s*{re.escape(name[i:])}\s*[,)]", text)
+               for i in range(4, len(name)))  # fmt: skip
+
+
+def test_pasted_kernel_names_need_their_invocation():
+    text = "#define K(S) void kern_##S(int);\nK(r1)\nK(m64)\n"
+    assert _pasted("kern_r1", text) and _pasted("kern_m64", text)
+    assert not _pasted("kern_r8", text) and not _pasted("kernel_r1", text)
+
+
 def test_every_registered_kernel_is_defined_in_its_source():
     for name, (source, signature) in KERNELS.items():
         assert source in source_names()
         text = load_source(source)
-        # written out, or pasted by a macro from a prefix of the name ("moe_glu_##SUFFIX(")
-        pasted = any(f"{name[:i]}##" in text for i in range(4, len(name)))
-        assert f" {name}(" in text or pasted, name
+        assert f" {name}(" in text or _pasted(name, text), name
         assert set(signature) <= set("piuqf")
 
 
