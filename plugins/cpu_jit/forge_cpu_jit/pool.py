@@ -139,6 +139,13 @@ class Pool:
                 with self._cv:
                     self._cv.notify_all()
             _run_posted(self.ctrl)
+        except BaseException:
+            # A signal (Ctrl-C stopping a reply) raised between the post and the wait: the
+            # workers are still reading this job's arrays, which the caller's unwinding frees
+            # (a crash, seen in `forge chat`). Finish the job first; on a closed or completed
+            # job _run_posted does nothing.
+            _run_posted(self.ctrl)
+            raise
         finally:
             self._lock.release()
 
