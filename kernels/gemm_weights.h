@@ -157,19 +157,17 @@ FORGE_DEV void k4_scale_min_r(const uint4& hd, int s, float* dl, float* ml) {
     *ml = h2f((u16)(hd.x >> 16)) * (float)m;
 }
 
-template <> FORGE_DEV void raw_load<T_Q4_K>(const u8* row, int kc, int h, Raw& r) {
-    const u8* b = row + (i64)(kc >> 3) * BYTES_Q4_K;
-    r.a = *(const uint4*)b;
-    r.b = *(const uint4*)(b + 16 + 32 * ((kc & 7) >> 1) + 16 * h);
-}
-template <> FORGE_DEV void raw_decode<T_Q4_K>(const Raw& r, int kc, int, u32* o) {
+// The 16 values of chunk kc of a Q4_K / Q5_K block: the sub-block's nibble plane (Q5_K: with
+// its bit of qh in r.c as bit 4) times the sub-block's scale, less its minimum.
+FORGE_DEV void k4_out(const Raw& r, int kc, bool high, u32* o) {
     const int s = kc & 7;
     float dl, ml;
     k4_scale_min_r(r.a, s, &dl, &ml);
     const float c = -MAGIC * dl;  // (2^23 + q) dl - 2^23 dl = q dl exactly
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = (word_at(r.b, i) >> (4 * (s & 1))) & 0x0f0f0f0fu;
+        u32 w = (word_at(r.b, i) >> (4 * (s & 1))) & 0x0f0f0f0fu;
+        if (high) w |= ((word_at(r.c, i) >> s) & 0x01010101u) << 4;
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) v[j] = fmaf(magic_f((w >> (8 * j)) & 0xffu), dl, c) - ml;
@@ -178,28 +176,20 @@ template <> FORGE_DEV void raw_decode<T_Q4_K>(const Raw& r, int kc, int, u32* o)
     }
 }
 
+template <> FORGE_DEV void raw_load<T_Q4_K>(const u8* row, int kc, int h, Raw& r) {
+    const u8* b = row + (i64)(kc >> 3) * BYTES_Q4_K;
+    r.a = *(const uint4*)b;
+    r.b = *(const uint4*)(b + 16 + 32 * ((kc & 7) >> 1) + 16 * h);
+}
+template <> FORGE_DEV void raw_decode<T_Q4_K>(const Raw& r, int kc, int, u32* o) { k4_out(r, kc, false, o); }
+
 template <> FORGE_DEV void raw_load<T_Q5_K>(const u8* row, int kc, int h, Raw& r) {
     const u8* b = row + (i64)(kc >> 3) * BYTES_Q5_K;
     r.a = *(const uint4*)b;
     r.b = *(const uint4*)(b + 48 + 32 * ((kc & 7) >> 1) + 16 * h);
     r.c = *(const uint4*)(b + 16 + 16 * h);
 }
-template <> FORGE_DEV void raw_decode<T_Q5_K>(const Raw& r, int kc, int, u32* o) {
-    const int s = kc & 7;
-    float dl, ml;
-    k4_scale_min_r(r.a, s, &dl, &ml);
-    const float c = -MAGIC * dl;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 w = ((word_at(r.b, i) >> (4 * (s & 1))) & 0x0f0f0f0fu) |
-                      (((word_at(r.c, i) >> s) & 0x01010101u) << 4);
-        float v[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = fmaf(magic_f((w >> (8 * j)) & 0xffu), dl, c) - ml;
-        o[2 * i] = pack_h2(v[0], v[1]);
-        o[2 * i + 1] = pack_h2(v[2], v[3]);
-    }
-}
+template <> FORGE_DEV void raw_decode<T_Q5_K>(const Raw& r, int kc, int, u32* o) { k4_out(r, kc, true, o); }
 
 template <> FORGE_DEV void raw_load<T_Q6_K>(const u8* row, int kc, int h, Raw& r) {
     const i64 blk = kc >> 3;  // quants.h's deq32_q6_k layout
