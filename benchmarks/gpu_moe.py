@@ -38,6 +38,7 @@ from gpu_bench import batched_decode, copy_bandwidth, decode_fed, decode_shares 
 
 DEFAULT_SPEC = ROOT / "benchmarks" / "specs" / "qwen3_30b_a3b_q4_k_m.spec.json.gz"
 BLOCK = 16  # KV block size of the tables made here
+PREFILL_TILES = ("mma", "gemm64", "gemm128")  # the expert variants of passes past 8 pairs an expert
 
 
 def twin(spec: Path, work: Path) -> Path:
@@ -78,7 +79,7 @@ def force_prefill_tiles(v: str) -> None:
     def variant(types, pairs, n_expert):
         picked = chosen(types, pairs, n_expert)
         fits = v == "mma" or types[0] == types[1]
-        return v if picked in ("mma", "gemm64", "gemm128") and fits else picked
+        return v if picked in PREFILL_TILES and fits else picked
 
     experts.variant = variant
 
@@ -93,7 +94,7 @@ def main() -> int:
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true")
     only.add_argument("--prefill-only", action="store_true")
-    ap.add_argument("--prefill-tiles", choices=["mma", "gemm64", "gemm128"])
+    ap.add_argument("--prefill-tiles", choices=PREFILL_TILES)
     ap.add_argument("--prompt", type=int, default=512, choices=range(1, 513), metavar="N")
     args = ap.parse_args()
     if args.prefill_tiles:
