@@ -37,16 +37,30 @@ FORGE_DEV bool moe_better(float v, int e, float bv, int be) {
 }
 
 // Row r of the logits by one warp: lane j < k ends with pick j (its expert and weight), written
-// to ids/wts and to sid (the pairs' experts). Lane l owns experts l + FORGE_WARP i, i < 32.
-FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_w, float scale,
-                             int* ids, float* wts, int* sid) {
+// to ids/wts and to sid (the pairs' experts). Lane l owns experts l + FORGE_WARP i, i < NV (NV
+// FORGE_WARP >= E): their values (probabilities for gating 0) are computed once into registers,
+// then each of the k picks is a warp arg-max over them.
+template <int NV>
+FORGE_DEV void moe_route_row_n(const float* l, int E, int k, int gating, int norm_w, float scale,
+                               int* ids, float* wts, int* sid) {
     const int lane = threadIdx.x % FORGE_WARP;
+    float v[NV];
     float mx = MOE_NEG, sum = 0.0f;
-    for (int e = lane; e < E; e += FORGE_WARP) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const int e = lane + FORGE_WARP * i;
+        v[i] = e < E ? l[e] : MOE_NEG;
+        mx = fmaxf(mx, v[i]);
+    }
     mx = warp_max(mx);
     if (gating == 0) {
-        for (int e = lane; e < E; e += FORGE_WARP) sum += expf(l[e] - mx);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            if (lane + FORGE_WARP * i < E) sum += expf(v[i] - mx);
+        }
         sum = warp_sum(sum);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) v[i] = expf(v[i] - mx) / sum;
     }
     u32 used = 0u;  // bit i: this lane's expert lane + FORGE_WARP i is picked
     float mine = 0.0f;
@@ -54,14 +68,15 @@ FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_
     for (int j = 0; j < k; ++j) {
         float bv = MOE_NEG;
         int be = E;
-        for (int i = 0, e = lane; e < E; ++i, e += FORGE_WARP) {
-            const float v = gating == 0 ? expf(l[e] - mx) / sum : l[e];
-            if (!((used >> i) & 1u) && moe_better(v, e, bv, be)) bv = v, be = e;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const int e = lane + FORGE_WARP * i;
+            if (e < E && !((used >> i) & 1u) && moe_better(v[i], e, bv, be)) bv = v[i], be = e;
         }
         for (int s = FORGE_WARP / 2; s > 0; s >>= 1) {
-            const float v = shfl_xor(bv, s);
+            const float o = shfl_xor(bv, s);
             const int e = shfl_xor_int(be, s);
-            if (moe_better(v, e, bv, be)) bv = v, be = e;
+            if (moe_better(o, e, bv, be)) bv = o, be = e;
         }
         if (be >= E) be = 0;  // (only rows of NaN logits pick nothing)
         if (be % FORGE_WARP == lane) used |= 1u << (be / FORGE_WARP);
@@ -79,11 +94,22 @@ FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_
     }
 }
 
+FORGE_DEV void moe_route_row(const float* l, int E, int k, int gating, int norm_w, float scale,
+                             int* ids, float* wts, int* sid) {
+    constexpr int W = FORGE_WARP;
+    if (E <= W) moe_route_row_n<1>(l, E, k, gating, norm_w, scale, ids, wts, sid);
+    else if (E <= 2 * W) moe_route_row_n<2>(l, E, k, gating, norm_w, scale, ids, wts, sid);
+    else if (E <= 4 * W) moe_route_row_n<4>(l, E, k, gating, norm_w, scale, ids, wts, sid);
+    else if (E <= 8 * W) moe_route_row_n<8>(l, E, k, gating, norm_w, scale, ids, wts, sid);
+    else moe_route_row_n<MOE_MAX_EXPERTS / W>(l, E, k, gating, norm_w, scale, ids, wts, sid);
+}
+
 // Launch: one block of whole warps, E <= blockDim.x <= MOE_THREADS (experts.route_threads);
 // R k <= MOE_MAX_PAIRS, E <= MOE_MAX_EXPERTS,
 // k <= MOE_MAX_USED; tiles holds 3 max_tiles ints (max_tiles >= ceil(R k / RM) + min(E, R k)).
-// The order of an expert's pairs among themselves is not fixed (atomic cursors): no result
-// depends on it (each pair's products are its own; moe_combine sums in slot order).
+// The order of an expert's pairs among themselves is not fixed (atomic cursors; one-pair tiles
+// of at most a warp's pairs: by pair index): no result depends on it (each pair's products are
+// its own; moe_combine sums in slot order).
 FORGE_KERNEL void __launch_bounds__(MOE_THREADS)
     moe_route(const float* __restrict__ logits, int R, int E, int k, int gating, int norm_w,
               float scale, int RM, int max_tiles, int chosen, int* __restrict__ ids,
@@ -103,6 +129,25 @@ FORGE_KERNEL void __launch_bounds__(MOE_THREADS)
         }
     }
     __syncthreads();
+    if (RM == 1 && P <= FORGE_WARP) {  // (decode steps) a pair's place is its rank, by one warp
+        if (t < FORGE_WARP) {
+            const int me = t < P ? sid[t] : 0;
+            int rank = 0;
+            for (int q = 0; q < P; ++q) {
+                const int o = sid[q];
+                rank += o < me || (o == me && q < t);
+            }
+            if (t < P) {
+                order[rank] = t;
+                pos[t] = rank;
+                tiles[3 * rank] = me;
+                tiles[3 * rank + 1] = rank;
+                tiles[3 * rank + 2] = 1;
+            }
+            for (int q = P + t; q < max_tiles; q += FORGE_WARP) tiles[3 * q + 2] = 0;
+        }
+        return;
+    }
     for (int p = t; p < P; p += blockDim.x) atomicAdd(&cnt[sid[p]], 1);
     __syncthreads();
     // inclusive scans of the counts and tile counts (Hillis-Steele, E <= blockDim.x)
@@ -210,20 +255,25 @@ FORGE_DEV MvMat moe_expert(const i64* d, int e) {
 MOE_GLU_ROW(mxfp4, 16, x1, 4)
 MOE_GLU_ROW(q4_k, 64, x2, 1)
 
+// x of a tile's pairs: rows s0 .. of xg's rounded copies of P rows (mvq_quant's layout); with
+// `order` (one-pair tiles only) the row of pair order[s0]'s token, order[s0] / kk, of xg's P
+// token rows (rounded once, not once per pair).
 template <int RM, bool GEN, int TT = -1>
 FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles, const u8* xg,
-                        int P, int K, int need, int G, int act, float alpha, float limit) {
+                        int P, int K, int need, int G, int act, float alpha, float limit,
+                        const int* order = nullptr, int kk = 1) {
     const int* tl = tiles + 3 * blockIdx.y;
     const int e = tl[0], s0 = tl[1], cnt = tl[2];
     if (cnt == 0) return;
     const int lane = threadIdx.x % G, n = blockIdx.x * (blockDim.x / G) + threadIdx.x / G;
     const MvMat m = moe_expert(descs + (i64)first * DESC_LEN, e);
     const MvMat up = glu ? moe_expert(descs + (i64)(first + 1) * DESC_LEN, e) : m;
+    const int xr = order ? order[s0] / kk : s0;
     const i64 rs = (i64)P * K + (i64)P * K / 4, off2 = (need & 1) ? rs : 0;
     XQ x1, x2;
-    x1.q = (const i8*)xg + (i64)s0 * K, x1.ds = (const F2*)(xg + (i64)P * K) + (i64)s0 * (K / 32);
-    x2.q = (const i8*)(xg + off2) + (i64)s0 * K;
-    x2.ds = (const F2*)(xg + off2 + (i64)P * K) + (i64)s0 * (K / 32);
+    x1.q = (const i8*)xg + (i64)xr * K, x1.ds = (const F2*)(xg + (i64)P * K) + (i64)xr * (K / 32);
+    x2.q = (const i8*)(xg + off2) + (i64)xr * K;
+    x2.ds = (const F2*)(xg + off2 + (i64)P * K) + (i64)xr * (K / 32);
     x1.K = x2.K = K;
     for (int r0 = 0; r0 < cnt; r0 += RM) {  // (tiles of more than RM pairs: RM at a time)
         const int rc = min(RM, cnt - r0);
@@ -265,14 +315,16 @@ FORGE_DEV void moe_body(const i64* descs, int first, bool glu, const int* tiles,
 // Launch: grid (ceil(N / RB), max_tiles) with RB = blockDim.x / G weight rows per block (G lanes
 // a row, a power of two <= 32), block MVQ_THREADS. TT: the expert type (-1: any, from the
 // descriptors); the typed r1 kernels (moe_glu_r1_<type>) hold only that type's unit, so they fit
-// more blocks on a compute unit (MINB) than the kernels for every type.
+// more blocks on a compute unit (MINB) than the kernels for every type. glu's `order` (null:
+// none) as moe_body's, for RM = 1 only.
 #define MOE_KERNELS(SUFFIX, RM, GEN, MINB, TT)                                                    \
     FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                    \
         moe_glu_##SUFFIX(const i64* __restrict__ descs, int first, const int* __restrict__ tiles, \
                          const u8* __restrict__ xg, int P, int K, int need, int G, int act,   \
-                         float alpha, float limit) {                                          \
+                         float alpha, float limit, const int* __restrict__ order, int kk) {   \
         FORGE_GRID_WAIT();                                                                    \
-        moe_body<RM, GEN, TT>(descs, first, true, tiles, xg, P, K, need, G, act, alpha, limit); \
+        moe_body<RM, GEN, TT>(descs, first, true, tiles, xg, P, K, need, G, act, alpha, limit, \
+                              order, kk);                                                     \
     }                                                                                         \
     FORGE_KERNEL void __launch_bounds__(MVQ_THREADS, MINB)                                    \
         moe_down_##SUFFIX(const i64* __restrict__ descs, int first, const int* __restrict__ tiles, \

@@ -22,14 +22,17 @@ def _route_ref(ffn: ExpertFFN, logits: np.ndarray):
 
 @pytest.mark.parametrize("gating,norm", [("softmax", True), ("softmax", False),
                                          ("softmax_chosen", False)])  # fmt: skip
-@pytest.mark.parametrize("rows,n_expert,k,rm", [(1, 128, 8, 1), (37, 8, 2, 8), (512, 128, 8, 32),
+@pytest.mark.parametrize("rows,n_expert,k,rm", [(1, 128, 8, 1), (4, 128, 8, 1), (5, 8, 2, 1),
+                                                (37, 8, 2, 8), (512, 128, 8, 32),
                                                 (300, 32, 4, 1)])  # fmt: skip
 @pytest.mark.parametrize("topk", [False, True])
 def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, k, rm, topk):
     """Chosen experts and weights as cpu_simd's routing (ties to the lower id), the pairs
     sorted by expert, and tiles of at most rm pairs of one expert covering them; all in
-    moe_route's block, or (topk) chosen by moe_topk's warps first, then sorted by moe_route."""
-    from forge_hip.experts import GATINGS, TOPK_THREADS, max_tiles, route_threads
+    moe_route's block, or (topk) chosen by moe_topk's warps first, then sorted by moe_route
+    (one-pair tiles of at most 32 pairs by rank, experts shared by rows among them)."""
+    from forge_hip.expert_routing import GATINGS, TOPK_THREADS, route_threads
+    from forge_hip.experts import max_tiles
 
     rng = np.random.default_rng(rows * n_expert)
     logits = rng.standard_normal((rows, n_expert)).astype(np.float32) * 3
@@ -50,9 +53,14 @@ def test_route_and_sort_match_numpy(rt, lib, dev, gating, norm, rows, n_expert, 
     got_ids = dev.get(ids, (rows, k), np.int32)
     np.testing.assert_array_equal(got_ids, ref_ids)
     np.testing.assert_allclose(dev.get(w, (rows, k)), ref_w, rtol=2e-6, atol=1e-7)
-    flat = ref_ids.ravel()
+    _check_sorted(dev, ref_ids.ravel(), order, pos, tl, tiles, rm)
+
+
+def _check_sorted(dev, flat, order, pos, tl, tiles, rm):
+    """Every pair once in `order`, grouped by expert in ascending order (within an expert any
+    order), `pos` its inverse, and tiles of at most rm pairs of one expert covering them."""
+    pairs = len(flat)
     sorted_pairs = dev.get(order, (pairs,), np.int32)
-    # every pair once, grouped by expert in ascending order (within an expert any order)
     np.testing.assert_array_equal(np.sort(sorted_pairs), np.arange(pairs))
     assert (np.diff(flat[sorted_pairs]) >= 0).all()
     np.testing.assert_array_equal(dev.get(pos, (pairs,), np.int32)[sorted_pairs], np.arange(pairs))
@@ -72,7 +80,7 @@ ROUTERS = [(1, 2048, 128, False), (5, 2880, 32, True), (32, 256, 8, False), (3, 
 def test_float_router_matches_float64(rt, lib, dev, rows, k, n_expert, bias):
     """moe_router's logits of a float32 router (Qwen3-30B-A3B's 2048 x 128, gpt-oss-20b's
     2880 x 32 with a bias, the most rows and the longest rows it takes) against float64."""
-    from forge_hip.experts import ROUTER_THREADS
+    from forge_hip.expert_routing import ROUTER_THREADS
 
     rng = np.random.default_rng(rows + k)
     w = rng.standard_normal((n_expert, k)).astype(np.float32)
@@ -111,7 +119,8 @@ PLANNED = {  # the variants a model's passes of 1, 24 and 300 tokens take
 }
 
 
-@pytest.mark.parametrize("forced", [None, "r1", "r1-any", "r8", "gen", "mma", "gemm64"])
+@pytest.mark.parametrize("forced", [None, "r1", "r1-any", "r1-quant", "r8", "gen", "mma",
+                                    "gemm64"])  # fmt: skip
 @pytest.mark.parametrize("model_file", list(PLANNED))
 def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_dir, monkeypatch,
                                                 report):  # fmt: skip
@@ -119,7 +128,8 @@ def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_d
     of the model's weights: the planned variants and each variant forced at every size (tiles
     of 1 or 8 pairs for 512 pairs of a pass; gen: the decoder of every type, the one Q2_K/Q3_K
     experts take; r1 takes the one-type kernels where moe.hip has them, r1-any the kernels for
-    every type; mma / gemm64: int8 / 16-bit tensor-core tiles of 32 / 64 pairs)."""
+    every type, r1-quant token rows rounded by moe_quant instead of the add_norm; mma / gemm64:
+    int8 / 16-bit tensor-core tiles of 32 / 64 pairs)."""
     from forge_hip import experts
 
     monkeypatch.setenv("FORGE_HIP_KV", "f32")
@@ -129,6 +139,7 @@ def test_moe_model_matches_cpu_at_every_variant(rt, model_file, forced, golden_d
     path = str(golden_dir / "models" / model_file)
     gpu = forge.load(path, backend="hip", n_ctx=512)
     gpu.runner.plan.ffns.typed = forced != "r1-any"
+    gpu.runner.plan.products.quant_norm = forced != "r1-quant"
     cpu = forge.load(path, backend="cpu_simd", n_ctx=512)
     f = gpu.runner.spec.ffn
     try:

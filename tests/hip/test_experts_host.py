@@ -36,14 +36,8 @@ def _moe_launches(rt) -> list[tuple[str, tuple]]:
 def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its_rows(
     golden_dir, rows, variant
 ):
-    from forge_hip.experts import (
-        ROUTER_ROWS,
-        TOPK_ROWS,
-        VARIANT_RM,
-        kernel,
-        max_tiles,
-        route_threads,
-    )
+    from forge_hip.expert_routing import ROUTER_ROWS, TOPK_ROWS, route_threads
+    from forge_hip.experts import VARIANT_RM, kernel, max_tiles
     from forge_hip.library import ROUND_MODE
 
     rt = FakeRuntime()
@@ -63,7 +57,9 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
             products = [f"moe_gemm_glu_m{variant[4:]}", f"moe_gemm_down_m{variant[4:]}"]
         else:
             glu = kernel("glu", variant, part.types[:2])
-            products = ["moe_quant", glu, "moe_quant", kernel("down", variant, part.types[2:])]
+            # (one-pair tiles: their token rows rounded by the add_norm before the router)
+            first = [] if variant == "r1" else ["moe_quant"]
+            products = [*first, glu, "moe_quant", kernel("down", variant, part.types[2:])]
         want += [*router, *topk, "moe_route", *products, "moe_combine"]
     assert [n for n, _ in moe] == want
     halves = [a for n, a in rt.launch_args if n == "act_half" and a[1] == runner.ws.moe_xq]
@@ -115,8 +111,42 @@ def test_a_pass_makes_the_expert_launches_of_each_layer_with_the_variant_for_its
         assert a[2:] == [runner.ws.h, rows, runner.spec.n_embd, f.n_expert, runner.ws.moe_logits]
 
 
+@pytest.mark.parametrize("quant_norm", [True, False])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_one_pair_tiles_read_x_rounded_once_per_token(golden_dir, rows, quant_norm):
+    """One-pair tiles: the add_norm before the router writes ws.h and its rows rounded into
+    ws.moe_xq (add_norm_quant; without the products' quant_norm, add_norm then moe_quant of
+    ws.h's `rows` rows), and the gate/up kernel reads pair p's row p / k through moe_order:
+    x rounded once per token, not once per pair."""
+    from forge_hip.experts import kernel
+    from forge_hip.tuning import mvq_need
+
+    rt = FakeRuntime()
+    runner = _runner(golden_dir, rt)
+    runner.plan.products.quant_norm = quant_norm
+    f, ws, n_embd = runner.spec.ffn, runner.ws, runner.spec.n_embd
+    runner.allocate_kv(64, 16)
+    rt.launches.clear()
+    runner.forward([SeqBatch(np.arange(1, rows + 1, dtype=np.int32), 0, np.arange(1), "last")])
+    part = runner.plan.ffn[-1]
+    need = mvq_need(list(part.types[:2]))
+    glu = dict(rt.launch_args)[kernel("glu", "r1", part.types[:2])]  # (the last layer's)
+    assert glu[2:7] == [ws.moe_tiles, ws.moe_xq, rows, n_embd, need]  # P: the token rows
+    assert glu[-2:] == [ws.moe_order, f.n_expert_used]
+    rounded = [a for n, a in rt.launch_args if n == "add_norm_quant" and a[5] == ws.moe_xq]
+    token_quant = [a for n, a in rt.launch_args if n == "moe_quant" and a[0] == ws.h]
+    if quant_norm:
+        assert len(rounded) == runner.spec.n_layer and not token_quant
+        assert rounded[0][4:8] == [ws.h, ws.moe_xq, n_embd, need]
+    else:
+        assert not rounded and len(token_quant) == runner.spec.n_layer
+        assert token_quant[0] == [ws.h, 0, 1, ws.moe_xq, n_embd, rows, need]  # in token order
+        norms = [a for n, a in rt.launch_args if n == "add_norm" and a[3] == part.norm]
+        assert norms and norms[-1][4] == ws.h
+
+
 def test_route_block_fits_its_experts_and_rows():
-    from forge_hip.experts import MOE_THREADS, route_threads
+    from forge_hip.expert_routing import MOE_THREADS, route_threads
 
     assert route_threads(128, 1) == 128 and route_threads(32, 1) == 64  # decode: small blocks
     assert route_threads(8, 3) == 192 and route_threads(128, 512) == MOE_THREADS

@@ -101,12 +101,13 @@ class Plan:
         def add_norm(o, w_post, w_next, first, count, fuse=True):
             """x += post(o) (when o); h = norm(x) * w_next: launched, or (`fuse`) left to the
             launch of the product of descriptors first .. first + count - 1 (norm_fusable,
-            norm_quantizable), which it returns (Fused)."""
+            norm_quantizable; "q": always, to the part that launches it), which it returns
+            (Fused)."""
             head = first == self.out_h
             if not fuse:
                 self._add_norm(rows, res[0], o, w_post, w_next)
                 return None
-            if self.products.norm_quantizable(first, count, rows, head):
+            if fuse == "q" or self.products.norm_quantizable(first, count, rows, head):
                 return Fused("q", [res[0], o, w_post, w_next, s.rms_eps])
             if o and self.products.norm_fusable(first, count, rows):
                 args = [res[0], o, w_post, w_next, res[1], s.rms_eps]
