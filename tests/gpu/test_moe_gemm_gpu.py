@@ -7,24 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from forge_hip.arena import device_rows
-from forge_hip.library import MOE_GEMM_ROWS, ROUND_MODE, TYPE_IDS
+from forge_hip.library import MOE_GEMM_ROWS, ROUND_MODE
 
+from tests.support.expert_cases import Experts, moe_act
 from tests.support.gpu_helpers import rel_err
-from tests.support.mvq_cases import random_weights, round_acts
+from tests.support.mvq_cases import round_acts
 
 E, TOKENS, USED = 5, 131, 3
 WEIGHTS = [0.45, 0.3, 0.0, 0.15, 0.1]  # expert 2 is never chosen; expert 0 takes several tiles
-
-
-def _act(g: np.ndarray, u: np.ndarray, act: int, alpha: float, limit: float) -> np.ndarray:
-    """glu_act.h's moe_act in float64."""
-    with np.errstate(over="ignore"):  # (exp of large negative products: inf, the output 0)
-        if act == 2:
-            g = np.minimum(g, limit)
-            u = np.clip(u, -limit, limit)
-            return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
-        return g / (1.0 + np.exp(-g)) * u
 
 
 def _halves(x: np.ndarray, type_name: str) -> np.ndarray:
@@ -45,27 +35,6 @@ def _routing(rng, bm: int):
     return experts, order, np.array(tiles, np.int32)
 
 
-class Experts:
-    """E experts' matrices [E N, K] of one type on the device, their values and biases."""
-
-    def __init__(self, dev, rng, type_name: str, n: int, k: int, bias: bool):
-        self.type, self.n, self.k = type_name, n, k
-        raw, values = random_weights(rng, type_name, E * n, k)
-        self.values = values.reshape(E, n, k)
-        data, at = device_rows(type_name, raw)
-        self.ptr, self.row_bytes = dev.put(data).ptr + at, data.shape[1]
-        self.bias = rng.standard_normal((E, n)).astype(np.float32) if bias else None
-        self.bias_ptr = dev.put(self.bias).ptr if bias else 0
-
-    def desc(self, y: int) -> list[int]:
-        return [self.ptr, 0, y, self.bias_ptr, TYPE_IDS[self.type], self.k, self.n,
-                self.row_bytes]  # fmt: skip
-
-    def apply(self, e: int, x: np.ndarray) -> np.ndarray:
-        out = x.astype(np.float64) @ self.values[e].T
-        return out + self.bias[e] if self.bias is not None else out
-
-
 CASES = [("Q4_K", "Q6_K", 0), ("MXFP4", "MXFP4", 2), ("Q8_0", "Q4_0", 0), ("Q5_K", "Q5_K", 2)]
 
 
@@ -75,8 +44,8 @@ def test_grouped_products_match_float64(rt, lib, dev, gate_type, down_type, act,
     rng = np.random.default_rng()
     k_quant = "K" in gate_type + down_type
     n_embd, n_ff = (512, 256 * (1 + (bm == 64))) if k_quant else (32 * 13, 32 * 7)
-    gate, up = (Experts(dev, rng, gate_type, n_ff, n_embd, act == 2) for _ in range(2))
-    down = Experts(dev, rng, down_type, n_embd, n_ff, True)
+    gate, up = (Experts(dev, rng, E, gate_type, n_ff, n_embd, act == 2) for _ in range(2))
+    down = Experts(dev, rng, E, down_type, n_embd, n_ff, True)
     experts, order, tiles = _routing(rng, bm)
     pairs = TOKENS * USED
     x = rng.standard_normal((TOKENS, n_embd)).astype(np.float32)
@@ -95,7 +64,7 @@ def test_grouped_products_match_float64(rt, lib, dev, gate_type, down_type, act,
               [descs, 1, tl, dev.put(xh), dev.put(order), USED, act, alpha, limit])  # fmt: skip
     got_g = dev.get(g, (pairs + 1, n_ff))
     assert np.isnan(got_g[pairs]).all(), "wrote past the last pair"
-    want_g = np.stack([_act(gv, uv, act, alpha, limit) for gv, uv in gates])
+    want_g = np.stack([moe_act(gv, uv, act, alpha, limit) for gv, uv in gates])
     # 16-bit operands multiply exactly; quantized weights are rounded to float16 once (2^-11),
     # MXFP4's are exact in float16
     tol = {"MXFP4": 1e-5}.get(gate_type, 3e-3)
@@ -115,7 +84,7 @@ def test_grouped_products_match_float64(rt, lib, dev, gate_type, down_type, act,
 def test_empty_tiles_write_nothing(rt, lib, dev):
     """A launch whose tiles are all empty (the grid's tiles past the last) leaves y as it was."""
     rng = np.random.default_rng(1)
-    gate, up = (Experts(dev, rng, "Q8_0", 64, 64, False) for _ in range(2))
+    gate, up = (Experts(dev, rng, E, "Q8_0", 64, 64, False) for _ in range(2))
     g = dev.poisoned(4 * 64 * 64)
     descs = dev.put(np.array([gate.desc(g.ptr), up.desc(0)], np.int64))
     tiles = dev.put(np.zeros((4, 3), np.int32))

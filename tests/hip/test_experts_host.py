@@ -310,3 +310,19 @@ def test_the_16_bit_expert_tiles_take_only_types_they_decode():
     assert variant(("Q4_K", "Q5_K", "Q6_K"), 64 * e, e) == "mma"  # gate and up differ
     assert variant(("F16", "F16", "F16"), 64 * e, e) == "r8"  # no int8 or 16-bit tile here
     assert variant(("Q3_K", "Q3_K", "Q6_K"), 64 * e, e) == "gen"
+
+
+def test_one_pair_tiles_give_each_lane_enough_units():
+    """expert_lanes: fewer lanes (not below 8) than the decode products' rule where a lane
+    would take fewer than GLU_UNITS (gate/up) or DOWN_UNITS (down) units; tiles of several
+    pairs keep the rule."""
+    from forge_hip.experts import expert_lanes
+    from forge_hip.tuning import mvq_lanes
+
+    assert expert_lanes(["MXFP4"] * 2, 2880, 1, 2880, gated=True) == 16  # gpt-oss: 180 units
+    assert expert_lanes(["MXFP4"], 2880, 1, 2880, gated=False) == 32  # 5.6 units a lane
+    assert expert_lanes(["Q4_K"] * 2, 2048, 1, 768, gated=True) == 8  # Qwen3: 64 units
+    assert expert_lanes(["Q6_K"], 768, 1, 2048, gated=False) == 8  # 48 units
+    assert expert_lanes(["Q4_K"], 768, 1, 2048, gated=False) == 8 == mvq_lanes(["Q4_K"], 768)
+    assert expert_lanes(["MXFP4"] * 2, 2880, 8, 2880, gated=True) == mvq_lanes(["MXFP4"], 2880, 8)
+    assert expert_lanes(["Q8_0"] * 2, 64, 1, 64, gated=True) == mvq_lanes(["Q8_0"], 64)  # < 8

@@ -42,6 +42,7 @@ from forge_hip.tuning import (
     MMQ_TYPES,
     MVQ_GEN,
     MVQ_THREADS,
+    MVQ_UNIT,
     add_norm_threads,
     anq_threads,
     mvq_lanes,
@@ -59,6 +60,11 @@ VARIANT_RM = {"r1": 1, "r8": 8, "gen": 8, "mma": 32, "gemm64": 64, "gemm128": 12
 GEMM_PAIRS, GEMM128_PAIRS = 16, 32
 MMA_ROWS = 16 * _C["MMQ_WARPS"]  # weight rows per block of the mma variant
 COMBINE_THREADS = 256
+# Units a lane of a one-pair tile's row takes at least (expert_lanes). H200, decode graph, lanes
+# forced (2026-11-29): gpt-oss-20b twin gate/up (MXFP4, 180 units) 32 / 16 / 8 lanes 471.2 /
+# 477.9 / 432.8 tok/s, down 32 / 16 lanes 471.2 / 458.3; Qwen3-30B-A3B twin gate/up (Q4_K, 64
+# units) 16 / 8 / 32 lanes 386.9 / 391.5 / 391.3, down (Q6_K, 48 units) 16 / 8 386.9 / 394.1.
+GLU_UNITS, DOWN_UNITS = 8, 5
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,18 @@ def kernel(kind: str, v: str, types: list[str], typed: bool = True) -> str:
     if typed and v == "r1" and len(set(types)) == 1 and types[0] in MOE_TYPED_R1:
         return f"moe_{kind}_r1_{types[0].lower()}"
     return f"moe_{kind}_{v}"
+
+
+def expert_lanes(types: list[str], k: int, rm: int, n: int, gated: bool) -> int:
+    """Lanes per weight row of moe_glu_<V> (`gated`) / moe_down_<V>: the decode products' rule
+    (mvq_lanes), but one-pair tiles halve them down to 8 while a lane would take fewer than
+    GLU_UNITS (gated: each step loads a unit of both rows) or DOWN_UNITS units of its row."""
+    g = mvq_lanes(types, k, rm, n)
+    units = min(k // MVQ_UNIT[t] for t in types)
+    want = GLU_UNITS if gated else DOWN_UNITS
+    while rm == 1 and g > 8 and units < want * g:
+        g //= 2
+    return g
 
 
 def block_rows(v: str, lanes: int) -> int:
@@ -192,13 +210,13 @@ class Experts:
         else:  # a copy per pair in sorted order
             need = self._quantize(ws.h, ws.moe_order, k, s.n_embd, pairs, gate_up_types)
             x_rows, by_token = pairs, ([] if v == "mma" else [0, 1])
-        lanes = mvq_lanes(gate_up_types, s.n_embd, rm, f.n_ff)
+        lanes = expert_lanes(gate_up_types, s.n_embd, rm, f.n_ff, gated=True)
         launch(lib.get(kernel("glu", v, gate_up_types, self.typed)),
                (-(-f.n_ff // block_rows(v, lanes)), tiles), (MVQ_THREADS,),
                [ws.descs, part.gate_up, ws.moe_tiles, ws.moe_xq, x_rows, s.n_embd, need, lanes,
                 ACTIVATIONS[f.activation], f.swiglu_alpha, f.swiglu_limit, *by_token])  # fmt: skip
         need = self._quantize(ws.moe_g, 0, 1, f.n_ff, pairs, down_types)
-        lanes = mvq_lanes(down_types, f.n_ff, rm, s.n_embd)
+        lanes = expert_lanes(down_types, f.n_ff, rm, s.n_embd, gated=False)
         launch(
             lib.get(kernel("down", v, down_types, self.typed)),
             (-(-s.n_embd // block_rows(v, lanes)), tiles),
