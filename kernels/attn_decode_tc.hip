@@ -258,22 +258,34 @@ FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag, TcdPrologue&
     const int lo = g.window > 0 && n_kv > g.window ? n_kv - g.window : 0, len = n_kv - lo;
     int n_eff = (len + TCD_SPLIT_MIN - 1) / TCD_SPLIT_MIN;
     n_eff = n_eff < 1 ? 1 : (n_eff > n_grid ? n_grid : n_eff);
-    if (s >= n_eff) return;
+    if (s >= n_eff) return;  // (before the wait: this block reads and writes nothing)
     const int per = (len + n_eff - 1) / n_eff, begin = lo + s * per;
     const int end = begin + per < n_kv ? begin + per : n_kv;
     const i32* table = g.bt + g.btoff[r];
     u16* ring = ring_all + warp * WARP_HALVES;
     const int tiles = (end - begin + TCD_BK - 1) / TCD_BK;
     const bool fused = g.k != nullptr;
+    const int mine = warp < tiles ? (tiles - warp + TCD_WARPS - 1) / TCD_WARPS : 0;
+    // Before the wait, the first stages whose keys all precede the row's own position (cached by
+    // earlier steps; the step's metadata came before the graph) are copied, and the RoPE table
+    // built: the kernel before may still run. The row's own K/V are stored after the wait.
+    int early = 0;
+    while (early < TCD_STAGES - 1 && early < mine &&
+           begin + (warp + early * TCD_WARPS + 1) * TCD_BK <= n_kv - 1) {
+        tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + early * TCD_WARPS) * TCD_BK, end,
+                             ring + early * STAGE, lane);
+        cp_async_commit();
+        ++early;
+    }
     if (fused) {
         rope_table(sp.rc, g.n_rot, (float)g.pos[r] * g.freq_scale, g.base, g.freqs, g.mscale);
         __syncthreads();
-        // the split holding the row's own position; the warp whose tiles hold it
-        if (s == n_eff - 1 && warp == (tiles - 1) % TCD_WARPS) tcd_store_kv<D, Q8>(g, sp, r, kvh);
     }
-    const int mine = warp < tiles ? (tiles - warp + TCD_WARPS - 1) / TCD_WARPS : 0;
-#pragma unroll
-    for (int i = 0; i < TCD_STAGES - 1; ++i) {
+    FORGE_GRID_WAIT();
+    // the split holding the row's own position; the warp whose tiles hold it
+    if (fused && s == n_eff - 1 && warp == (tiles - 1) % TCD_WARPS)
+        tcd_store_kv<D, Q8>(g, sp, r, kvh);
+    for (int i = early; i < TCD_STAGES - 1; ++i) {
         if (i < mine)
             tcd_stage<D, LD, Q8>(g, table, kvh, begin + (warp + i * TCD_WARPS) * TCD_BK, end,
                                  ring + i * STAGE, lane);
@@ -465,23 +477,20 @@ FORGE_DEV void tcd_body(const TcdArgs& g, u16* ring_all, int* flag, TcdPrologue&
     (void)q, (void)kc, (void)vc, (void)bt, (void)btoff, (void)pos, (void)part_o, (void)part_ml; \
     (void)cnt, (void)out, (void)H, (void)Hkv, (void)block_size, (void)scale, (void)window;      \
     (void)sinks, (void)k, (void)v, (void)qnw, (void)knw, (void)slots, (void)n_rot, (void)neox;   \
-    (void)base, (void)freq_scale, (void)freqs, (void)mscale, (void)eps;
+    (void)base, (void)freq_scale, (void)freqs, (void)mscale, (void)eps;                       \
+    FORGE_GRID_WAIT();
 #endif
 
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64(TCD_PARAMS) {
-    FORGE_GRID_WAIT();
     TCD_KERNEL_BODY(64, false)
 }
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc128(TCD_PARAMS) {
-    FORGE_GRID_WAIT();
     TCD_KERNEL_BODY(128, false)
 }
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc64_q8(TCD_PARAMS) {
-    FORGE_GRID_WAIT();
     TCD_KERNEL_BODY(64, true)
 }
 FORGE_KERNEL void __launch_bounds__(TCD_THREADS, 2) attn_decode_tc128_q8(TCD_PARAMS) {
-    FORGE_GRID_WAIT();
     TCD_KERNEL_BODY(128, true)
 }
 #undef TCD_KERNEL_BODY

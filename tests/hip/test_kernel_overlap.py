@@ -30,6 +30,9 @@ EARLY_WORK = {
     "mvq_glu_r1n": ("descriptors and weights (L2 prefetch)", "mvq_body"),
     "add_norm_quant": ("its norm weights", "add_norm_quant"),
     "moe_router": ("its weight row (into registers)", "moe_router"),
+    **{f"attn_decode_tc{d}{q}": ("the step's row metadata, the first K/V tiles of earlier "
+                                 "positions (cp.async), the RoPE table", "tcd_body")
+       for d in (64, 128) for q in ("", "_q8")},
     "mmq_multi_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
     "mmq_glu_m##MT": ("descriptors and weights (L2 prefetch)", "mmq_body"),
 }  # fmt: skip
