@@ -5,8 +5,10 @@
 // Each row r is one new token of its own sequence. Fused (k given): the kernel norms and rotates
 // the row's Q heads itself (each block its group's, into shared memory) and, in the block of the
 // last split, the warp whose tiles hold the row's own position stores the row's K/V into the
-// cache before it copies any, with attn_heads.h's functions, so the bits are qk_rope_store's;
-// this saves that launch and its wait in every decode layer.
+// cache before it copies the tile holding them, with attn_heads.h's functions, so the bits are
+// qk_rope_store's; this saves that launch and its wait in every decode layer. Before the grid
+// wait a block reads only what no kernel of the step writes: the row's position and block
+// table, the RoPE frequencies, the cached K/V of earlier positions (its first stages).
 // Unfused (k null): Q is already normed and rotated and K/V already cached (qk_rope_store).
 // A block takes one KV head of one row over one split of the row's positions: the G = H / Hkv
 // query heads of that KV head are the rows of m16n8k16 tiles (zero rows past G), so each cached
@@ -217,7 +219,8 @@ template <int D> struct TcdHead {
 
 // Fused form: the row's K head (normed, rotated) and V head of KV head kvh into the cache, as
 // qk_rope_store stores them, by one warp (the one whose tiles hold the row's own position: its
-// copies come after these stores in its own order, so no other warp waits for them).
+// copy of that tile comes after these stores in its own order, so no other warp waits for them;
+// only tiles of earlier positions were copied before).
 template <int D, bool Q8>
 FORGE_DEV void tcd_store_kv(const TcdArgs& g, TcdPrologue& sp, int r, int kvh) {
     constexpr int LPP = TcdHead<D>::LPP, FMT = Q8 ? KV_Q8_0 : KV_F16;

@@ -21,6 +21,7 @@ CASES = [  # gate, up, down types, activation (2: gpt-oss's clamped SwiGLU, with
     ("Q4_K", "Q4_K", "Q6_K", 0),
     ("Q8_0", "Q8_0", "Q8_0", 0),
     ("Q5_K", "Q4_K", "Q5_K", 0),  # mixed gate/up, no one-type down: the kernels for every type
+    ("Q8_0", "Q4_K", "Q6_K", 0),  # both roundings of x (blocks of 32 and of 256): two copies
 ]
 
 
