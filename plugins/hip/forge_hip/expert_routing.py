@@ -10,10 +10,10 @@ all on the device (kernels/moe.hip):
    experts and weights come first from moe_topk (a warp per row over many blocks: one block took
    a 512-row pass of Qwen3-30B-A3B 160 us a layer, 32 rows at a time).
 
-Decode steps' routing is a latency chain of one warp (H200, Qwen3-30B-A3B twin: moe_route 6.3 us
-a layer inside the replayed graph): each row's probabilities are computed once into registers
-before its k arg-max rounds, and one-pair tiles of at most a warp's pairs are sorted by rank
-instead of by moe_route's scans.
+Decode steps' routing is a latency chain of one warp, so each row's probabilities are computed
+once into registers before its k arg-max rounds, and one-pair tiles of at most a warp's pairs
+are sorted by rank instead of by moe_route's scans (H200, Qwen3-30B-A3B twin, inside the
+replayed decode graph: 6.3 -> 4.1 us a layer).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ One-pair tiles (decode steps) read each pair's token row of x rounded once per t
 per pair: by add_norm_quant as it writes ws.h (the plan hands the add_norm over: `first_product`'s
 "q"), else by moe_quant of ws.h's rows; moe_glu finds a pair's row through moe_order. (H200,
 Qwen3-30B-A3B twin, inside the replayed decode graph: add_norm and moe_quant 2.9 + 0.4 us a
-layer, add_norm_quant 1.5.)
+layer, add_norm_quant 1.9.)
 """
 
 from __future__ import annotations
