@@ -43,8 +43,6 @@ from forge_hip.tuning import (
     MVQ_GEN,
     MVQ_THREADS,
     MVQ_UNIT,
-    add_norm_threads,
-    anq_threads,
     mvq_lanes,
     mvq_need,
 )
@@ -186,14 +184,11 @@ class Experts:
         layout for `rows` rows). Returns whether they were."""
         if norm is None:
             return False
-        x, o, w_post, w_next, eps = norm.args
         ws, n, pr = self.ws, self.spec.n_embd, self.products
         if need and pr.quant_norm and pr.round_prefill and n <= ANQ_K and n % 32 == 0:
-            pr.launch(self.lib.get("add_norm_quant"), (rows,), (anq_threads(n, pr.tune),),
-                      [x, o, w_post, w_next, ws.h, ws.moe_xq, n, need, eps])  # fmt: skip
+            pr.add_norm_quant(norm, rows, n, need, h=ws.h, xq=ws.moe_xq)
             return True
-        pr.launch(pr.op["add_norm"], (rows,), (add_norm_threads(n, pr.warp),),
-                  [x, o, w_post, w_next, ws.h, n, eps])  # fmt: skip
+        pr.add_norm(rows, n, norm.args)
         return False
 
     def _products(self, part: ExpertLaunches, v: str, rows: int, tiles: int, rounded: bool) -> None:

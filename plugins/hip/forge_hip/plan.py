@@ -25,7 +25,7 @@ from forge_hip.experts import Experts
 from forge_hip.invariance import products_for, warn_if_uncovered
 from forge_hip.library import BUILTIN_OPS, SAMPLE_THREADS, KernelLibrary
 from forge_hip.products import NORM_THREADS, Fused
-from forge_hip.tuning import Tuning, add_norm_threads, sample_parts
+from forge_hip.tuning import Tuning, sample_parts
 from forge_hip.workspace import PART_ROWS, Workspace
 
 MASK_BLOCKS = 8  # mask_logits blocks per row (a 262144-token row: 8192 words)
@@ -139,9 +139,7 @@ class Plan:
 
     def _add_norm(self, rows: int, x: int, o: int, w_post: int, w_next: int) -> None:
         """layer.hip's add_norm over `rows` rows: x += post(o) (when o), ws.h = norm(x) * w_next."""
-        e = self.spec.n_embd
-        self.launch(self.op["add_norm"], (rows,), (add_norm_threads(e, self.warp),),
-                    [x, o, w_post, w_next, self.ws.h, e, self.spec.rms_eps])  # fmt: skip
+        self.products.add_norm(rows, self.spec.n_embd, [x, o, w_post, w_next, self.spec.rms_eps])
 
     def output(self, rows: int, gather_idx: int | None, picks: tuple[int, int] | None,
                mask: int = 0) -> None:  # fmt: skip

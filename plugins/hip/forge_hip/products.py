@@ -212,7 +212,7 @@ class Products:
         for r0 in range(0, rows, t.mmq_launch_rows):
             n = min(t.mmq_launch_rows, rows - r0)
             if norm is not None and norm.suffix == "q":  # (norm_quantizable: one launch)
-                xg = self._add_norm_quant(norm, n, k, need, r0)
+                xg = self.add_norm_quant(norm, n, k, need, r0)
             else:
                 xg = self._quantize_x(self.descs[first][DESC["X"]] + 4 * r0 * k, k, n, need)
             mt, halves = mmq_shape(n)
@@ -236,14 +236,24 @@ class Products:
         cus = self.lib.runtime.props.compute_units
         return mvq_lanes(types, k, rows, n, pair, cus, tune=self.tune)
 
-    def _add_norm_quant(self, norm: Fused, rows: int, k: int, need: int, r0: int = 0) -> int:
-        """The add_norm of `norm` ("q") over rows r0 .. r0 + rows - 1, x quantized into ws.xq
-        (add_norm_quant, mvq_quant's layout for those rows); ws.xq."""
+    def add_norm(self, rows: int, k: int, args: list) -> None:
+        """layer.hip's add_norm over `rows` rows of k with args (x, o, w_post, w_next, eps):
+        x += post(o) (when o), ws.h = norm(x) * w_next."""
+        x, o, w_post, w_next, eps = args
+        self.launch(self.op["add_norm"], (rows,), (add_norm_threads(k, self.warp),),
+                    [x, o, w_post, w_next, self.ws.h, k, eps])  # fmt: skip
+
+    def add_norm_quant(self, norm: Fused, rows: int, k: int, need: int, r0: int = 0,
+                       h: int = 0, xq: int | None = None) -> int:  # fmt: skip
+        """The add_norm of `norm` ("q") over rows r0 .. r0 + rows - 1, x quantized into xq
+        (default ws.xq; add_norm_quant, mvq_quant's layout for those rows), the normed rows
+        also into h when given; returns xq."""
         x, o, w_post, w_next, eps = norm.args
         x, o = x + 4 * r0 * k, o + 4 * r0 * k if o else 0
+        xq = self.ws.xq if xq is None else xq
         self.launch(self.lib.get("add_norm_quant"), (rows,), (anq_threads(k, self.tune),),
-                    [x, o, w_post, w_next, 0, self.ws.xq, k, need, eps])  # fmt: skip
-        return self.ws.xq
+                    [x, o, w_post, w_next, h, xq, k, need, eps])  # fmt: skip
+        return xq
 
     def _quantize_x(self, x: int, k: int, rows: int, need: int) -> int:
         """x [rows, k] rounded to int8 once into ws.xq (mvq_quant, mmv.hip's layout); ws.xq."""
@@ -284,7 +294,7 @@ class Products:
         most = max(1, t.mvq_blocks * cus // c)
         grid = even_grid(items, most)
         if norm is not None and norm.suffix == "q":  # x quantized by add_norm
-            xg, norm = self._add_norm_quant(norm, rows, k, need), None
+            xg, norm = self.add_norm_quant(norm, rows, k, need), None
         elif mvq_global_x(need, block_rows, k, rm, tune=t):
             xg = self._quantize_x(x, k, rows, need)
         else:
