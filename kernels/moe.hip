@@ -5,10 +5,10 @@
 //   the k most probable, renormalised to sum 1 when norm_w; gating 1 "softmax_chosen": the k
 //   largest logits, softmax over those; both times `scale`; ties go to the lower expert id),
 //   then the P = R k (row, slot) pairs p = r k + j sorted by expert (in any order within an
-//   expert): order[i] = p and pos[p] = i. The sorted pairs of an expert are cut into tiles of at most RM pairs
-//   {expert, first sorted pair, pairs} (tiles past the last get 0 pairs). One block. With
-//   `chosen`, the rows' experts and weights are already in ids/wts (moe_topk) and only the
-//   sorting runs.
+//   expert): order[i] = p and pos[p] = i. The sorted pairs of an expert are cut into tiles of
+//   at most RM pairs {expert, first sorted pair, pairs} (tiles past the last get 0 pairs). One
+//   block. With `chosen`, the rows' experts and weights are already in ids/wts (moe_topk) and
+//   only the sorting runs.
 // moe_topk: each row's k experts and weights as moe_route picks them, a warp per row over many
 //   blocks (a pass of many rows: one block would take them 32 rows at a time).
 // moe_quant: x rows order[i] / kk (order null: row i) rounded to int8 blocks into xg for P rows,
