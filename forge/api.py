@@ -28,7 +28,7 @@ from forge.errors import ContextOverflowError, ForgeError, UsageError
 from forge.generation import SequenceState
 from forge.gguf import GGUFFile, open_gguf
 from forge.kv_cache import KvTypes
-from forge.kv_pools import KvPools
+from forge.kv_pools import BLOCK_SIZE, KvPools, kept_windows
 from forge.models import ModelSpec, build_spec
 from forge.sampling import SamplingParams, build_sampler
 from forge.scheduler import Finished, Scheduler
@@ -37,7 +37,6 @@ from forge.tokenizer import Tokenizer, render_chat, resolve_chat_template, token
 
 log = logging.getLogger("forge")
 
-BLOCK_SIZE = 16  # positions per KV block
 DEFAULT_N_CTX = 4096  # context when the config does not say (the model's own may be far larger)
 DEFAULT_MAX_TOKENS = 256  # as `forge.config.Config.max_tokens`
 
@@ -83,12 +82,10 @@ class Model:
         self.tokenizer, self.runner, self.backend = tokenizer, runner, backend
         self.n_ctx, self.samplers = n_ctx, samplers
         self.sampling_defaults = dict(sampling_defaults or {})
-        windows = ()
-        if getattr(runner, "windowed_kv", False):
-            windows = {w for w in (ls.sliding_window for ls in spec.layers) if w and w < n_ctx}
+        windows = kept_windows(spec, n_ctx) if getattr(runner, "windowed_kv", False) else ()
         # prompt tokens a pass takes (the runner's choice): the engine's and `logits`' pieces
         self.prefill_chunk = getattr(runner, "prefill_chunk", PREFILL_CHUNK)
-        self.kv = KvPools(n_ctx, BLOCK_SIZE, tuple(windows), max_seqs, self.prefill_chunk)
+        self.kv = KvPools(n_ctx, BLOCK_SIZE, windows, max_seqs, self.prefill_chunk)
         self.allocator = self.kv.full  # the pool of the layers that see every position
         if self.kv.windows:
             runner.allocate_kv(self.allocator.n_blocks, BLOCK_SIZE, self.kv.window_blocks())

@@ -12,8 +12,24 @@ from __future__ import annotations
 import numpy as np
 
 from forge.kv_cache import BlockAllocator, BlockTable
+from forge.models.spec import ModelSpec
 
 FREED = -1  # a window table's entry for a block that left the window
+BLOCK_SIZE = 16  # positions per KV block
+
+
+def kept_windows(spec: ModelSpec, n_ctx: int) -> tuple[int, ...]:
+    """The sliding windows (ascending) that keep a pool of their own at an `n_ctx` context:
+    those shorter than it."""
+    return tuple(sorted({w for w in (ls.sliding_window for ls in spec.layers) if w and w < n_ctx}))
+
+
+def layer_positions(spec: ModelSpec, n_ctx: int, chunk: int, max_seqs: int = 1) -> list[int]:
+    """Cache positions each layer allocates where windowed layers are kept apart: n_ctx (in
+    whole blocks) for full layers, their pool's for windowed ones (the memory estimates)."""
+    pools = KvPools(n_ctx, BLOCK_SIZE, kept_windows(spec, n_ctx), max_seqs, chunk)
+    blocks = pools.window_blocks()
+    return [blocks.get(ls.sliding_window, pools.full.n_blocks) * BLOCK_SIZE for ls in spec.layers]
 
 
 class WindowTable(BlockTable):

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGUFValueType as V
 
-import forge
 from forge.errors import OutOfMemoryError
+from forge.kv_cache import KvFormat, KvTypes
 from forge.kv_pools import FREED, KvPools
-from tests.support.gguf_factory import rewrite_gguf
+from tests.support import window_cases
 
 BS = 16
 
@@ -51,17 +50,13 @@ def test_ensure_takes_from_every_pool_or_from_none():
 
 @pytest.fixture(scope="module")
 def long_gemma(golden_dir, tmp_path_factory):
-    """The golden gemma3 (5 of 6 layers attend to a window of 8) rewritten for 32k positions."""
-    src = golden_dir / "models" / "gemma3-q4_k_m.gguf"
-    dst = tmp_path_factory.mktemp("long") / "gemma3-32k.gguf"
-    return str(rewrite_gguf(src, dst, set_kv=[("gemma3.context_length", 32768, V.UINT32, None)]))
+    return window_cases.long_gemma(golden_dir, tmp_path_factory.mktemp("long"))
 
 
 def _load(path, monkeypatch, windowed: bool, **kw):
     from forge_cpu_simd.runner import CpuRunner
 
-    monkeypatch.setattr(CpuRunner, "windowed_kv", windowed)
-    return forge.load(path, backend="cpu_simd", **kw)
+    return window_cases.load(path, monkeypatch, CpuRunner, "cpu_simd", windowed, **kw)
 
 
 def test_at_32k_the_windowed_layers_hold_only_their_windows(long_gemma, monkeypatch):
@@ -74,6 +69,11 @@ def test_at_32k_the_windowed_layers_hold_only_their_windows(long_gemma, monkeypa
         full_layers = sum(ls.sliding_window is None for ls in m.spec.layers)
         assert full_layers == 1
         assert windowed == per_slot * BS * (full_layers * 2048 + 5 * window_blocks)
+        from forge_cpu_simd.plugin import CpuSimdBackend
+
+        f16 = KvTypes(KvFormat.F16, KvFormat.F16)
+        estimate = CpuSimdBackend().memory_needed(m.spec, m.gguf, 32768, f16)
+        assert estimate["kv_cache"] == windowed  # the estimate counts the windows too
     with _load(long_gemma, monkeypatch, False, n_ctx=32768, config=config) as m:
         whole = m.runner.memory_estimate()["kv_cache"]
     assert whole == 6 * 2048 * BS * per_slot
@@ -85,49 +85,21 @@ def test_at_32k_the_windowed_layers_hold_only_their_windows(long_gemma, monkeypa
 
 
 def test_logits_and_tokens_do_not_change(long_gemma, monkeypatch):
-    prompt = [int(t) for t in np.random.default_rng(5).integers(3, 200, 700)]
-    runs = {}
-    for windowed in (True, False):
-        with _load(long_gemma, monkeypatch, windowed, n_ctx=1024) as m:
-            logits = m.logits(prompt)  # chunks of 256: blocks leave the window between them
-            out = m.complete(prompt[:300], max_tokens=24, temperature=0)
-            if windowed:
-                pool = m.kv.windowed[8]
-                assert pool.n_free == pool.n_blocks  # all given back
-            runs[windowed] = logits, out.tokens
+    from forge_cpu_simd.runner import CpuRunner
+
+    runs = window_cases.logits_and_tokens(long_gemma, monkeypatch, CpuRunner, "cpu_simd")
     np.testing.assert_array_equal(runs[True][0], runs[False][0])
     assert runs[True][1] == runs[False][1]
 
 
 def test_scheduled_sequences_keep_only_their_windows(long_gemma, monkeypatch):
-    """Four sequences decoding together: each window pool holds at most what each sequence's
-    window needs, however long they get."""
-    from forge.scheduler import Finished, Scheduler
+    from forge_cpu_simd.runner import CpuRunner
 
-    with _load(long_gemma, monkeypatch, True, n_ctx=2048,
-               config={"server": {"max_batch": 4}}) as m:  # fmt: skip
-        pool, peak = m.kv.windowed[8], [0]
-        sched = Scheduler(m, max_batch=4, on_step=lambda: peak.__setitem__(
-            0, max(peak[0], pool.n_blocks - pool.n_free)))  # fmt: skip
-        sched.start()
-        done = []
-        no_end = {t: -100 for t in m.tokenizer.eog_ids}
-        for i in range(4):
-            state = m.start([5 + i] * 30, max_tokens=120, temperature=0, logit_bias=no_end)
-            sched.submit(state, lambda ev, d=done: d.append(ev) if isinstance(ev, Finished) else 0)
-        sched.stop(timeout=120)
-        assert len(done) == 4 and all(f.completion_tokens == 120 for f in done)
-        assert 0 < peak[0] <= 4 * 3  # 8 positions and the step in flight: at most 3 blocks each
-        assert pool.n_free == pool.n_blocks
+    tokens = window_cases.scheduled_sequences(long_gemma, monkeypatch, CpuRunner, "cpu_simd")
+    assert all(len(t) == 120 for t in tokens)
 
 
 def test_a_generator_that_cannot_get_blocks_says_so(long_gemma, monkeypatch):
-    """Generators of one model share its pools: one that finds them held by the others fails
-    with a clear error instead of waiting for ever."""
-    with _load(long_gemma, monkeypatch, True, n_ctx=64, config={"server": {"max_batch": 1}}) as m:
-        first = m.generate([5] * 40, max_tokens=20, temperature=0)
-        next(first)  # holds 40+ of the 64 positions
-        with pytest.raises(OutOfMemoryError, match="no room for this sequence"):
-            list(m.generate([6] * 40, max_tokens=20, temperature=0))
-        first.close()
-        assert m.allocator.n_free == m.allocator.n_blocks  # both gave their blocks back
+    from forge_cpu_simd.runner import CpuRunner
+
+    window_cases.generator_without_blocks(long_gemma, monkeypatch, CpuRunner, "cpu_simd")

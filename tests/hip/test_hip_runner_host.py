@@ -5,6 +5,7 @@ one host->device copy per step), chunking, the preflight message and cleanup aft
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -389,7 +390,10 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     gguf, spec = _spec(golden_dir, "gemma3-q4_k_m.gguf")
     need = HipBackend().memory_needed(spec, gguf, 1024)
     assert need["weights"] >= sum(gguf.tensors[n].nbytes for n in spec.weight_names())
-    assert need["kv_cache"] == spec.kv_bytes_per_token(KvFormat.F16) * 1024
+    # one sequence: 1 full layer of 1024 positions, 5 of a window of 8 beside a 512-row piece
+    window_positions = (-(-(8 + 512) // 16) + 2) * 16
+    per_layer = spec.kv_bytes_per_token(KvFormat.F16) // spec.n_layer
+    assert need["kv_cache"] == per_layer * (1024 + 5 * window_positions)
     assert need["workspace"] > 0
 
 
@@ -630,21 +634,32 @@ def test_one_row_decode_splits_fill_one_wave_of_grouped_blocks(golden_dir):
     runner.close()
 
 
-def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir, monkeypatch):
+@pytest.mark.parametrize("windowed", [False, True])
+def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir, monkeypatch,
+                                                                     windowed):  # fmt: skip
     """A step of one-token pieces (a decode step) fills the host metadata through step_meta's
     `_prepare_decode`; every word of it, and what it returns, equals `_prepare_rows`' result for
     the same pieces: positions across block boundaries, tables longer than needed, outputs
-    "last" / "all" / "none", argmax and sampled picks, fed and unfed rows."""
+    "last" / "all" / "none", argmax and sampled picks, fed and unfed rows (`windowed`: also a
+    window pool's tables, with blocks below the window freed)."""
     rt = FakeRuntime()
     runner = _runner(golden_dir, "gemma3-q4_k_m.gguf", rt)
-    runner.allocate_kv(256, 16)
+    runner.allocate_kv(256, 16, {8: 100} if windowed else None)
     rng = np.random.default_rng(7)
     n = 24
     starts = rng.integers(0, 100, n)
+
+    def window_table(p, full):  # blocks wholly below position p - 7 have left the window
+        table = rng.integers(0, 100, len(full)).astype(np.int32)
+        table[: max(0, p - 7) // 16] = -1
+        return (table,)
+
     chunk = [SeqBatch(np.array([rng.integers(0, runner.spec.n_vocab)], np.int32), int(p),
                       rng.permutation(256)[: p // 16 + 1 + rng.integers(0, 3)].astype(np.int32),
                       ("last", "all", "none")[i % 3])
              for i, p in enumerate(starts)]  # fmt: skip
+    if windowed:
+        chunk = [replace(b, window_tables=window_table(b.start, b.block_table)) for b in chunk]
     sampled = DeviceSampling(temperature=0.7, top_k=20, top_p=0.9, key=5)
     picks = [None if b.output == "none" else (sampled if i % 2 else DeviceSampling())
              for i, b in enumerate(chunk)]  # fmt: skip
@@ -654,11 +669,11 @@ def test_decode_metadata_fast_path_writes_what_the_general_one_writes(golden_dir
     results = []
     for prepare in (step_meta._prepare_rows, step_meta._prepare_decode):
         runner.meta.host[:] = 12345  # what either leaves unwritten stays so
-        rows, wanted, n_bt = prepare(runner.meta, runner.spec.n_vocab, 256, 16, chunk,
+        rows, wanted, n_bt = prepare(runner.meta, runner.spec.n_vocab, runner.kv, chunk,
                                      runner.graphs.clear, picks, feed)  # fmt: skip
         results.append((rows, [w.tolist() for w in wanted], n_bt, runner.meta.host.copy()))
     (rows, wanted, n_bt, host), fast = results
-    assert rows == n and n_bt == sum(int(p) // 16 + 1 for p in starts)
+    assert rows == n and n_bt == (1 + windowed) * sum(int(p) // 16 + 1 for p in starts)
     assert fast[:3] == (rows, wanted, n_bt)
     np.testing.assert_array_equal(fast[3], host)
 

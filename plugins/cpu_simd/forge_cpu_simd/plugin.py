@@ -40,6 +40,7 @@ from forge.devices import BackendProbe, DeviceInfo
 from forge.errors import ForgeRuntimeError
 from forge.gguf.types import SUPPORTED_TYPES
 from forge.kv_cache import KvFormat, KvTypes
+from forge.kv_pools import layer_positions
 from forge_cpu_simd.loading import DEFAULT_EXPERT_CACHE_MB
 
 FORGE_HOOK_API = forge.HOOK_API_VERSION
@@ -159,9 +160,12 @@ class CpuSimdBackend(Backend):
         (read from the mapped file) and the most its caches of prepared experts hold."""
         from forge_cpu_simd.experts import expert_memory
         from forge_cpu_simd.loading import weight_bytes
+        from forge_cpu_simd.runner import CpuRunner
 
         k, v = (kv_types or KvTypes()).resolve(KvFormat.F32)
-        kv = n_ctx * spec.kv_bytes_per_token(k, v)
+        # one sequence: sliding-window layers hold their window's pool
+        positions = layer_positions(spec, n_ctx, CpuRunner.prefill_chunk)
+        kv = sum(positions) * spec.kv_bytes_per_token(k, v) // spec.n_layer
         weights = weight_bytes(spec, gguf) + sum(expert_memory(spec, gguf, expert_cache_mb << 20))
         return {"weights": weights, "kv_cache": kv}
 

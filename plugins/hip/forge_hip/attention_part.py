@@ -159,6 +159,7 @@ class Attentions:
         if inv:  # every row over its positions in one block: attn_rows, one split
             splits, decode = 1, False
         kc, vc = kv.layer(i)
+        meta = meta.pool(kv.pool(i))  # the rows' slots and tables in the layer's block pool
         self.products.matmul(a.qkv, 3, rows, norm)
         rope = [s.rope_dim, int(s.rope_neox), ls.rope_base, 1.0 / ls.rope_scale, a.rope_freqs,
                 a.mscale, s.rms_eps]  # fmt: skip
@@ -191,8 +192,9 @@ class Attentions:
         self.products.matmul(a.wo, 1, rows)
 
     def prefill(self, i: int, a: AttentionLaunches, rows: int, meta, kv) -> bool:
-        """Attention of `rows` prefill rows of layer i (after qk_rope_store) into ws.attn by
-        attn_prefill.hip: blocks of 64 (token, query head) pairs of one KV head that share each
+        """Attention of `rows` prefill rows of layer i (after qk_rope_store; `meta`: the rows'
+        PoolRows in the layer's block pool) into ws.attn by
+        attn_prefill.hip: blocks of AP_ROWS (token, query head) pairs of one KV head that share each
         K/V tile, flash-attention style. With a float16 cache and rounded prefill products
         (the layer's Q/K/V weights not F32), tensor cores on NVIDIA (Q and the probabilities
         rounded to float16, as llama.cpp's f16 K/V products round them; a Q8_0 or Q4_0 cache's

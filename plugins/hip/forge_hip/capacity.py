@@ -8,11 +8,12 @@ import os
 from forge.errors import UnsupportedModelError
 from forge.gguf import GGUFFile
 from forge.kv_cache import KvFormat, KvTypes, require_whole_blocks
+from forge.kv_pools import layer_positions
 from forge.models.spec import DenseFFN, ExpertFFN, ModelSpec
 from forge.models.weights import model_weights
 from forge_hip.arena import layout
 from forge_hip.contract import constants
-from forge_hip.kv import kv_bytes
+from forge_hip.kv import layer_bytes
 from forge_hip.library import ROUND_MODE, TYPE_SUFFIX
 from forge_hip.workspace import ROW_CAP, workspace_bytes
 
@@ -46,10 +47,13 @@ def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) 
 def memory_needed(
     spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
 ) -> dict[str, int]:
-    """Device bytes for weights, an `n_ctx` KV cache and the workspace."""
+    """Device bytes for weights, an `n_ctx` KV cache (of one sequence: sliding-window layers
+    hold their window's pool) and the workspace."""
+    fmt = kv_format(spec, gguf, kv_types)
+    kv = sum(sum(layer_bytes(spec, n, fmt)) for n in layer_positions(spec, n_ctx, ROW_CAP))
     return {
         "weights": layout(spec, gguf)[1],
-        "kv_cache": kv_bytes(spec, n_ctx, kv_format(spec, gguf, kv_types)),
+        "kv_cache": kv,
         "workspace": workspace_bytes(spec),
     }
 

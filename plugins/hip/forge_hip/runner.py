@@ -16,6 +16,7 @@ before it reads step N's tokens, and the GPU never waits for the host between de
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -49,6 +50,7 @@ class HipRunner(Runner):
     feeds_picks = True
     prefill_chunk = ROW_CAP  # pp512 in one pass: Llama-3.1-8B twin, H200, 6,973 -> 9,996 tok/s
     pass_rows = ROW_CAP  # (larger batches are cut: step_meta.chunks)
+    windowed_kv = True  # sliding-window layers cache only their windows (forge_hip.kv)
 
     def __init__(
         self,
@@ -97,14 +99,16 @@ class HipRunner(Runner):
             raise
 
     # -- cache -------------------------------------------------------------------------------------
-    def allocate_kv(self, n_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, n_blocks: int, block_size: int,
+                    window_blocks: dict[int, int] | None = None) -> None:  # fmt: skip
         self.steps.settle()  # a started step may still write the cache being replaced
         self.rt.bind()
         if self.kv is not None:
             self.kv.close()
             self.kv = None
         self.graphs.clear()
-        self.kv = KvCache(self.rt, self.spec, n_blocks, block_size, self.kv_format)
+        self.kv = KvCache(self.rt, self.spec, n_blocks, block_size, self.kv_format, window_blocks)
+        self.meta.set_pools(len(self.kv.pool_blocks))  # each pool's slots and tables
         n_slots = n_blocks * block_size
         self.splits = max(1, min(MAX_SPLITS, -(-n_slots // SPLIT_LEN)))
 
@@ -113,8 +117,7 @@ class HipRunner(Runner):
         return self._forward(batch, ids=False)
 
     def forward_argmax(self, batch: list[SeqBatch]) -> list[int]:
-        rows = self._forward([SeqBatch(b.tokens, b.start, b.block_table, "last") for b in batch],
-                             ids=True)  # fmt: skip
+        rows = self._forward([replace(b, output="last") for b in batch], ids=True)
         return [int(r[-1]) for r in rows if r is not None and len(r)]
 
     def forward_sample(self, batch: list[SeqBatch], picks: list[Pick]) -> list[int | None]:
@@ -136,8 +139,7 @@ class HipRunner(Runner):
         if len(picks) != len(batch) or (feed is not None and len(feed) != len(batch)):
             raise ForgeRuntimeError(f"{len(picks)} picks (and feed) for a batch of {len(batch)}")
         outs = ["last" if p is not None else "none" for p in picks]
-        lasts = [b if b.output == o else SeqBatch(b.tokens, b.start, b.block_table, o)
-                 for b, o in zip(batch, outs)]  # fmt: skip
+        lasts = [b if b.output == o else replace(b, output=o) for b, o in zip(batch, outs)]
         fed = [(i, f) for i, f in enumerate(feed or ()) if f >= 0]
         src, on_device = self.steps.source, None
         if fed:
@@ -183,8 +185,7 @@ class HipRunner(Runner):
             token = picked[f] if f < len(picked) else None
             if token is None:
                 raise ForgeRuntimeError(f"feed names row {f}, which picked no token")
-            b = lasts[i]
-            lasts[i] = SeqBatch(np.array([token], np.int32), b.start, b.block_table, b.output)
+            lasts[i] = replace(lasts[i], tokens=np.array([token], np.int32))
         return None
 
     def _begin(self, batch: list[SeqBatch], keep=None) -> list[tuple[list[SeqBatch], list[int]]]:  # noqa: ANN001
@@ -221,8 +222,8 @@ class HipRunner(Runner):
         self, chunk: list[SeqBatch], picks: list[Pick] | None = None, feed: list[int] | None = None
     ) -> tuple[int, list[np.ndarray], int]:
         """`step_meta.prepare` for this runner's metadata and cache."""
-        return prepare(self.meta, self.spec.n_vocab, self.kv.n_blocks, self.kv.block_size,
-                       chunk, self.graphs.clear, picks, feed)  # fmt: skip
+        return prepare(self.meta, self.spec.n_vocab, self.kv, chunk, self.graphs.clear, picks,
+                       feed)  # fmt: skip
 
     def _launch(
         self, chunk: list[SeqBatch], ids: bool, picks: list[Pick], feed: list[int] | None = None
@@ -292,9 +293,9 @@ class HipRunner(Runner):
         every running sequence for it, while requests are served."""
         self._begin([])
         keys = self.graph_policy.keys_for(max_seqs)
-        # a step's block-table entries never outnumber the cache's blocks: the buffer the graphs
-        # point at will not move
-        if keys and self.meta.ensure_bt(self.kv.n_blocks):
+        # a step's block-table entries never outnumber the full pool's blocks, in each pool: the
+        # buffer the graphs point at will not move
+        if keys and self.meta.ensure_bt(self.kv.n_blocks * len(self.kv.pool_blocks)):
             self.graphs.clear()
         for key in keys:
             if key not in self.graphs.graphs:

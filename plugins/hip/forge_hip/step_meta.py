@@ -9,42 +9,72 @@ for one piece of a batch (`chunks` cuts batches into pieces the workspace holds)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from forge.backend import DeviceSampling, SeqBatch
-from forge.errors import ContextOverflowError, ForgeRuntimeError
+from forge_hip.block_tables import Pools, check_range, fill_tables
 from forge_hip.runtime.base import DeviceBuffer, Runtime
 
 Pick = DeviceSampling | None
 
 
+class PoolRows(NamedTuple):
+    """What attention reads of one block pool's rows (device addresses): positions, cache slots,
+    the flat block tables and each row's offset in them."""
+
+    pos: int
+    slots: int
+    bt: int
+    btoff: int
+
+
+POOL_FIELDS = ("slots", "btoff")  # a window pool's own fields (its block tables: in bt)
+
+
 class RowMeta:
     """Per-row int32 metadata in one device buffer, written by one host->device copy per step:
     ids, pos, slots, btoff (offset of the row's block table in bt), outidx (rows whose logits are
-    wanted), feed (the row of the previous step's picked ids that replaces ids, or -1), then the
-    flat block tables `bt`."""
+    wanted), feed (the row of the previous step's picked ids that replaces ids, or -1), each
+    window pool's slots and btoff (`pools` - 1 of them), then the flat block tables `bt` (the
+    full pool's, then each window pool's)."""
 
     FIELDS: tuple[str, ...] = ("ids", "pos", "slots", "btoff", "outidx", "feed")
 
-    def __init__(self, rt: Runtime, rows: int, bt_cap: int):
+    def __init__(self, rt: Runtime, rows: int, bt_cap: int, pools: int = 1):
         self.rt, self.rows = rt, rows
         self.buffer: DeviceBuffer | None = None
-        self._alloc(bt_cap)
+        self.set_pools(pools, bt_cap)
+
+    def set_pools(self, pools: int, bt_cap: int | None = None) -> None:
+        """Fields for `pools` block pools (a new buffer when that changes: graphs are stale)."""
+        if self.buffer is not None and pools == self.pools:
+            return
+        self.pools = pools
+        self.fields = self.FIELDS + tuple(f"{f}{j}" for j in range(1, pools) for f in POOL_FIELDS)
+        self._alloc(bt_cap or self.bt_cap)
 
     def _alloc(self, bt_cap: int) -> None:
         self.close()
         self.bt_cap = bt_cap
-        self.host = np.zeros(len(self.FIELDS) * self.rows + bt_cap, np.int32)
+        self.host = np.zeros(len(self.fields) * self.rows + bt_cap, np.int32)
         self.buffer = self.rt.alloc(self.host.nbytes)
-        for i, name in enumerate(self.FIELDS):
+        for i, name in enumerate(self.fields):
             setattr(self, name, self.buffer.ptr + 4 * i * self.rows)
-        self.bt = self.buffer.ptr + 4 * len(self.FIELDS) * self.rows
+        self.bt = self.buffer.ptr + 4 * len(self.fields) * self.rows
 
     def field(self, name: str) -> np.ndarray:
-        i = self.FIELDS.index(name)
+        i = self.fields.index(name)
         return self.host[i * self.rows : (i + 1) * self.rows]
+
+    def pool(self, j: int) -> PoolRows:
+        """The rows' fields for block pool j (0: the full layers'; `KvCache.pool`)."""
+        if j == 0:
+            return PoolRows(self.pos, self.slots, self.bt, self.btoff)
+        return PoolRows(self.pos, getattr(self, f"slots{j}"), self.bt, getattr(self, f"btoff{j}"))
 
     def ensure_bt(self, n: int) -> bool:
         """Make room for n block-table entries; True if the buffer moved (graphs are stale)."""
@@ -54,10 +84,10 @@ class RowMeta:
         return True
 
     def bt_host(self) -> np.ndarray:
-        return self.host[len(self.FIELDS) * self.rows :]
+        return self.host[len(self.fields) * self.rows :]
 
     def upload(self, n_bt: int, stream) -> None:  # noqa: ANN001
-        used = len(self.FIELDS) * self.rows + n_bt
+        used = len(self.fields) * self.rows + n_bt
         self.rt.copy_to_device(self.buffer, self.host[:used], stream)
 
     def close(self) -> None:
@@ -123,7 +153,7 @@ def chunks(batch: list[SeqBatch], row_cap: int) -> Iterator[tuple[list[SeqBatch]
             take = min(len(toks) - lo, row_cap - used)
             end = lo + take == len(toks)
             out = b.output if b.output != "last" else ("last" if end else "none")
-            cur.append(SeqBatch(toks[lo : lo + take], b.start + lo, b.block_table, out))
+            cur.append(replace(b, tokens=toks[lo : lo + take], start=b.start + lo, output=out))
             owners.append(i)
             used, lo = used + take, lo + take
             if used == row_cap:
@@ -133,20 +163,20 @@ def chunks(batch: list[SeqBatch], row_cap: int) -> Iterator[tuple[list[SeqBatch]
         yield cur, owners
 
 
-def prepare(meta: SampleMeta, n_vocab: int, n_blocks: int, block_size: int,
-            chunk: list[SeqBatch], moved: Callable[[], None], picks: list[Pick] | None = None,
+def prepare(meta: SampleMeta, n_vocab: int, kv: Pools, chunk: list[SeqBatch],
+            moved: Callable[[], None], picks: list[Pick] | None = None,
             feed: list[int] | None = None) -> tuple[int, list[np.ndarray], int]:  # fmt: skip
     """Fill the host metadata of one piece (with each sequence's pick for its last row: `picks`,
-    and the ids row its token comes from: `feed`, both aligned with `chunk`); returns (rows,
-    wanted rows per sequence, block-table entries). `moved()` is called at once when the
-    block-table buffer had to grow (graphs pointing at it are stale). Vectorized over rows: a
-    decode step's engine work waits for it."""
+    and the ids row its token comes from: `feed`, both aligned with `chunk`) for the block
+    pools of `kv` (a KvCache); returns (rows, wanted rows per sequence, block-table entries).
+    `moved()` is called at once when the block-table buffer had to grow (graphs pointing at it
+    are stale). Vectorized over rows: a decode step's engine work waits for it."""
     if chunk and all(len(b.tokens) == 1 for b in chunk):
-        return _prepare_decode(meta, n_vocab, n_blocks, block_size, chunk, moved, picks, feed)
-    return _prepare_rows(meta, n_vocab, n_blocks, block_size, chunk, moved, picks, feed)
+        return _prepare_decode(meta, n_vocab, kv, chunk, moved, picks, feed)
+    return _prepare_rows(meta, n_vocab, kv, chunk, moved, picks, feed)
 
 
-def _prepare_rows(meta, n_vocab, n_blocks, bs, chunk, moved, picks, feed):  # noqa: ANN001
+def _prepare_rows(meta, n_vocab, kv, chunk, moved, picks, feed):  # noqa: ANN001
     """`prepare` for pieces of any length."""
     n_seq = len(chunk)
     lens = np.fromiter((len(b.tokens) for b in chunk), np.int64, n_seq)
@@ -154,31 +184,13 @@ def _prepare_rows(meta, n_vocab, n_blocks, bs, chunk, moved, picks, feed):  # no
     at = int(lens.sum())
     tokens = np.concatenate([b.tokens for b in chunk]) if chunk else np.zeros(0, np.int32)
     check_range(tokens, n_vocab, "token id out of range 0..{}")
-    need = (starts + lens - 1) // bs + 1
-    tables = []
-    for b, k in zip(chunk, need.tolist()):
-        table = np.asarray(b.block_table, dtype=np.int32).reshape(-1)
-        if len(table) < k:
-            raise ContextOverflowError(
-                f"sequence position {b.start + len(b.tokens) - 1} has no KV block "
-                f"(block table of {len(table)})"
-            )
-        tables.append(table[:k])
-    at_bt = int(need.sum())
-    if meta.ensure_bt(at_bt):
-        moved()
-    flat = np.concatenate(tables) if tables else np.zeros(0, np.int32)
-    check_range(flat, n_blocks, "block table names a block outside 0..{}")
+    need = (starts + lens - 1) // kv.block_size + 1
     first_row = np.cumsum(lens) - lens
-    first_bt = np.cumsum(need) - need
     seq = np.repeat(np.arange(n_seq), lens)  # the piece each row belongs to
     pos = starts[seq] + np.arange(at) - first_row[seq]
-    btoff = first_bt[seq]
+    at_bt = fill_tables(meta, kv, chunk, need, pos, seq, moved)
     meta.field("ids")[:at] = tokens
     meta.field("pos")[:at] = pos
-    meta.field("slots")[:at] = flat[btoff + pos // bs] * bs + pos % bs
-    meta.field("btoff")[:at] = btoff
-    meta.bt_host()[:at_bt] = flat
     ends = first_row + lens - 1
     none = np.zeros(0, np.int64)
     wanted = [
@@ -197,31 +209,16 @@ def _prepare_rows(meta, n_vocab, n_blocks, bs, chunk, moved, picks, feed):  # no
     return at, wanted, at_bt
 
 
-def _prepare_decode(meta, n_vocab, n_blocks, bs, chunk, moved, picks, feed):  # noqa: ANN001
+def _prepare_decode(meta, n_vocab, kv, chunk, moved, picks, feed):  # noqa: ANN001
     """`prepare` for pieces of one token each (a decode step): the same metadata, without the
     per-row bookkeeping of longer pieces (the server's 32-row steps wait for it)."""
     n_seq = len(chunk)
     tokens = np.concatenate([b.tokens for b in chunk])
     check_range(tokens, n_vocab, "token id out of range 0..{}")
     pos = np.fromiter((b.start for b in chunk), np.int64, n_seq)
-    need = pos // bs + 1
-    tables = [b.block_table for b in chunk]
-    have = np.fromiter(map(len, tables), np.int64, n_seq)
-    if (have < need).any():
-        i = int(np.argmax(have < need))
-        raise ContextOverflowError(f"sequence position {int(pos[i])} has no KV block "
-                                   f"(block table of {int(have[i])})")  # fmt: skip
-    at_bt = int(need.sum())
-    if meta.ensure_bt(at_bt):
-        moved()
-    flat = np.concatenate([t[:k] for t, k in zip(tables, need.tolist())])
-    check_range(flat, n_blocks, "block table names a block outside 0..{}")
-    btoff = np.cumsum(need) - need
+    at_bt = fill_tables(meta, kv, chunk, pos // kv.block_size + 1, pos, np.arange(n_seq), moved)
     meta.field("ids")[:n_seq] = tokens
     meta.field("pos")[:n_seq] = pos
-    meta.field("slots")[:n_seq] = flat[btoff + pos // bs] * bs + pos % bs
-    meta.field("btoff")[:n_seq] = btoff
-    meta.bt_host()[:at_bt] = flat
     one = one_rows(n_seq)  # row i of the step: piece i's one output row, unless "none"
     wanted = [one[i] if b.output != "none" else one[-1] for i, b in enumerate(chunk)]
     out = np.concatenate(wanted)
@@ -239,9 +236,3 @@ def one_rows(n: int) -> tuple[np.ndarray, ...]:
     for a in out:
         a.flags.writeable = False
     return out
-
-
-def check_range(values: np.ndarray, n: int, message: str) -> None:
-    """Raise `message` (its {} filled with n - 1) unless every value lies in 0 .. n - 1."""
-    if len(values) and (values.min() < 0 or values.max() >= n):
-        raise ForgeRuntimeError(message.format(n - 1))
