@@ -253,16 +253,22 @@ class Model:
             "generated_tokens": 0,
             "generation_seconds": 0.0,
         }
-        for event in Scheduler(self, max_batch=1, max_queue=1).run_here(state):
-            if isinstance(event, Finished):
-                return
-            if t1 is None:
-                t1 = time.perf_counter()
-                self.last_timings["prompt_seconds"] = t1 - t0
-            if event.text:
-                yield event.text
-            self.last_timings["generated_tokens"] = len(state.generated)
-            self.last_timings["generation_seconds"] = time.perf_counter() - t1
+        events = Scheduler(self, max_batch=1, max_queue=1).run_here(state)
+        try:
+            for event in events:
+                if isinstance(event, Finished):
+                    return
+                if t1 is None:
+                    t1 = time.perf_counter()
+                    self.last_timings["prompt_seconds"] = t1 - t0
+                if event.text:
+                    yield event.text
+                self.last_timings["generated_tokens"] = len(state.generated)
+                self.last_timings["generation_seconds"] = time.perf_counter() - t1
+        finally:
+            # cancels the sequence and frees its blocks now: a started step the runner keeps
+            # (hip's) can hold the step loop alive past this generator's end
+            events.close()
 
     def _check_text_fits(self, text: str) -> None:
         """Refuse, without tokenizing it, a text that has more tokens than the context holds

@@ -154,3 +154,23 @@ def test_kv_cache_types_reach_a_backend_that_takes_them(golden_dir, monkeypatch)
         assert m.runner.k_cache[0].fmt.value == "f32"
     with pytest.raises(UsageError, match="backend 'cpu_simd' takes no KV cache types"):
         forge.load(path, backend="cpu_simd", n_ctx=64, config={"kv_cache_type_k": "f16"})
+
+
+def test_closing_a_generator_frees_its_blocks_at_once(model, monkeypatch):
+    """A generator closed early gives its KV blocks back when it is closed, also while
+    something else still holds its step loop (hip's runner keeps the last started step)."""
+    from forge.scheduler import Scheduler
+
+    held, run_here = [], Scheduler.run_here
+
+    def holding(self, state):
+        loop = run_here(self, state)
+        held.append(loop)  # alive past the generator's end, as a kept step would keep it
+        return loop
+
+    monkeypatch.setattr(Scheduler, "run_here", holding)
+    gen = model.generate([1, 5, 9, 13], max_tokens=20, temperature=0)
+    next(gen)
+    assert model.allocator.n_free < model.allocator.n_blocks
+    gen.close()
+    assert held and model.allocator.n_free == model.allocator.n_blocks
