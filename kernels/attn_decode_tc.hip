@@ -224,15 +224,11 @@ template <int D> struct TcdHead {
 template <int D, bool Q8>
 FORGE_DEV void tcd_store_kv(const TcdArgs& g, TcdPrologue& sp, int r, int kvh) {
     constexpr int LPP = TcdHead<D>::LPP, FMT = Q8 ? KV_Q8_0 : KV_F16;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
     const i64 row = (i64)g.slots[r] * g.Hkv + kvh, at = ((i64)r * g.Hkv + kvh) * D;
     qk_head<LPP, 1>(g.k + at, nullptr, g.knw, g.kc, row, false, D, g.n_rot, g.neox, sp.rc, g.eps,
                     FMT, sp.xch + warp * TCD_MAX_D);
-    if (Q8) {
-        v_head<LPP, 1>(g.v + at, g.vc, row, D, FMT);
-    } else {
-        for (int d = lane; d < D; d += 32) ((u16*)g.vc)[row * D + d] = f2h(g.v[at + d]);
-    }
+    v_head<LPP, 1>(g.v + at, g.vc, row, D, FMT);
     __syncwarp();  // the stores are seen by the warp's later copies
 }
 
