@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "hip")]
 
-from forge_hip.attention_part import AP_TENSOR_CORES, prefill_blocks  # noqa: E402
+from forge_hip.attention_part import AP_TENSOR_CORES, AP_THREADS, prefill_blocks  # noqa: E402
 from forge_hip.kv import KV_FORMAT_IDS  # noqa: E402
 from forge_hip.library import PREFILL_WIDTHS, KernelLibrary, ap_shared_bytes  # noqa: E402
 from forge_hip.runtime import open_runtime  # noqa: E402
@@ -72,7 +72,7 @@ def probe(rt, lib, dev, directory: str, heads, rows: int, depth: int, splits: in
     else:
         splits = 1
     grid = (*blocks[:2], blocks[2] * splits)
-    us = chain_us(rt, rt.stream(), (k, grid, (128,), args), n)
+    us = chain_us(rt, rt.stream(), (k, grid, (AP_THREADS,), args), n)
     keys = rows * depth + rows * (rows + 1) // 2  # (row, visible key) pairs
     flops = 2 * keys * H * (D + D)
     return {"format": fmt.value, "rows": rows, "depth": depth, "splits": splits,

@@ -18,21 +18,22 @@
 // and one of `splits` parts of the key range: blockIdx.z = split * ceil(Dv / AP_DVC(DP)) + column
 // block. Blocks with the most keys (the last rows) start first.
 //
-// Splits (flash-decoding for prompts at depth: a 256-row piece of Llama-3-8B heads is 128 blocks
-// of 64 pairs, fewer than an H200's SMs, each walking every cached key): a block's longest
+// Splits (flash-decoding for prompts at depth: a 256-row piece of Llama-3-8B heads is 64 blocks
+// of AP_ROWS pairs, fewer than an H200's SMs, each walking every cached key): a block's longest
 // segment key range is cut into parts of `chunk` keys (a multiple of AP_SPLIT_ALIGN, at least
 // AP_SPLIT_MIN), part `split` of every segment going to the block of that split; splits past
 // the parts a block needs return at once. One part: the block writes its output as without
 // splits (the same bits). Several: each writes its rows' unnormalised partial (o, m, l) into
 // part_o [R * H * splits, Dv] / part_ml [R * H * splits, 2] (pair (token, head) * splits +
 // split), counts itself in cnt[tile] (zero; left zero), and the last block of the tile (every
-// split and column block of its 64 pairs and KV head) merges the partials into out.
+// split and column block of its AP_ROWS pairs and KV head) merges the partials into out.
 //
 // kv_mode: the cache's format (KV_*), plus AP_TENSOR_CORES for a float16, Q8_0 or Q4_0 cache whose
 // products may round their operands. Without the flag, the SIMT path in float32 (everywhere; what
 // a prefill that must match the decode kernels uses; bfloat16 caches always), its tiles
 // dequantized as they load.
-// NVIDIA, with AP_TENSOR_CORES: 4 warps of 16 rows; Q fragments in registers (float16), K/V tiles
+// NVIDIA, with AP_TENSOR_CORES: AP_THREADS / 32 warps of 16 rows (AP_ROWS in all share each K/V
+// tile read from the cache); Q fragments in registers (float16), K/V tiles
 // of BK positions in a ring of AP_STAGES stages in dynamic shared memory (AP_SMEM_<DP> /
 // AP_SMEM_Q<DP> bytes), copied by cp.async: the loads of tile j + AP_STAGES - 1 start when tile j
 // has landed, one barrier a tile (a quantized cache's tiles, of AP_BKQ positions, arrive as stored
@@ -41,7 +42,8 @@
 // exp2 (no mask compares in a tile every row of the warp sees whole). Rounding: Q and P are
 // rounded to float16 (as llama.cpp's f16 K/V products round them).
 // Elsewhere (AMD, and the other modes): a SIMT path in float32, 4 threads per row, tiles of
-// AP_SIMT_BK positions in shared memory as float32, 32 rows at a time (two passes per block).
+// AP_SIMT_BK positions in shared memory as float32, AP_THREADS / 4 rows at a time (two passes
+// per block).
 //
 // Kernels attn_prefill_64 / _128 / _256 (float caches) and attn_prefill_q64 / _q128 / _q256 (Q8_0
 // and Q4_0 caches): D padded to DP = 64 / 128 / 256 (zeros past D). Tensor cores
@@ -49,7 +51,6 @@
 // ceil(Dv / AP_DVC(DP)) * splits), block = AP_THREADS.
 #include "kv_format.h"
 
-#define AP_ROWS 64
 #define AP_SIMT_BK 16
 #define AP_DVC(DP) ((DP) < 128 ? (DP) : 128)
 #define AP_BK(DP) ((DP) > 128 ? 32 : 64)
@@ -66,7 +67,7 @@
 
 // Shared memory of one block (16-bit words): the tensor-core path's ring of AP_STAGES K/V tiles
 // (STAGE words each; a quantized cache's as stored, then the float16 K/V TILE they are converted
-// into), or the SIMT path's float32 tiles.
+// into), or the SIMT path's float32 tiles; at least the split merge's scratch.
 template <int DP, bool QUANT = false> struct ApSmem {
     static constexpr int LDK = DP + 8, LDV = AP_DVC(DP) + 8;  // padded rows: ldmatrix without conflicts
     static constexpr int BK = QUANT ? AP_BKQ : AP_BK(DP);
@@ -78,7 +79,9 @@ template <int DP, bool QUANT = false> struct ApSmem {
     static constexpr int MMA = 0;  // (the tensor-core path is NVIDIA's)
 #endif
     static constexpr int SIMT = 2 * AP_SIMT_BK * (DP + AP_DVC(DP));
-    static constexpr int WORDS = MMA > SIMT ? MMA : SIMT;
+    static constexpr int MERGE = 2 * AP_ROWS * (AP_MAX_SPLITS + 1);  // ap_merge's float scratch
+    static constexpr int MOST = MMA > SIMT ? MMA : SIMT;
+    static constexpr int WORDS = MOST > MERGE ? MOST : MERGE;
 };
 
 struct ApArgs {
@@ -739,7 +742,7 @@ FORGE_DEV void ap_main(const float* q, const void* kc, const void* vc, const i32
 
 // Written out (not by a macro) so that each kernel's name appears in the text: attn_prefill_<DP>
 // for float32, float16 and bfloat16 caches, attn_prefill_q<DP> for Q8_0 and Q4_0 ones.
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
@@ -752,7 +755,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_64(const float* __r
                        s_slot);
 }
 
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
@@ -765,7 +768,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_128(const float* __
                         s_slot);
 }
 
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
@@ -778,7 +781,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_256(const float* __
                         s_slot);
 }
 
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_q64(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
@@ -791,7 +794,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q64(const float* __
                        s_slot);
 }
 
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_q128(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,
@@ -804,7 +807,7 @@ FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q128(const float* _
                         s_slot);
 }
 
-FORGE_KERNEL void __launch_bounds__(AP_THREADS) attn_prefill_q256(const float* __restrict__ q,
+FORGE_KERNEL void __launch_bounds__(AP_THREADS, 1) attn_prefill_q256(const float* __restrict__ q,
     const void* kc, const void* vc, const i32* __restrict__ bt, const i32* __restrict__ btoff,
     const i32* __restrict__ pos, float* __restrict__ out, int R, int H, int Hkv, int D, int Dv,
     int block_size, float scale, int window, int kv_mode, const float* __restrict__ sinks,

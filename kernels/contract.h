@@ -47,7 +47,8 @@
 #define GB_THREADS 256     // gemm.hip
 #define GB_N 128           // gemm.hip: weight rows (outputs) per block
 #define ATT_THREADS 256    // attention.hip attn_rows / attn_decode
-#define AP_THREADS 128     // attn_prefill.hip
+#define AP_THREADS 256     // attn_prefill.hip: 8 warps (tensor cores: 16 rows each)
+#define AP_ROWS 128        // attn_prefill.hip: (token, query head) pairs per block
 #define AP_MAX_SPLITS 16   // attn_prefill.hip: most splits of the key range
 #define AP_STAGES 2        // attn_prefill.hip: K/V tiles in flight on tensor cores (NVIDIA)
 // ... its dynamic shared memory on NVIDIA (bytes): the ring of AP_STAGES float16 K/V tiles (64

@@ -18,7 +18,7 @@ from forge.kv_cache import KvFormat
 from tests.support.gpu_helpers import rel_err
 from tests.support.kv_rows import pack, unpack
 
-AP_ROWS, AP_THREADS = 64, 128  # attn_prefill.hip's tile rows and block size
+AP_ROWS, AP_THREADS = constants()["AP_ROWS"], constants()["AP_THREADS"]  # tile rows, block size
 
 
 def padded_d(d: int) -> int:
@@ -217,8 +217,8 @@ def test_prefill_attention_plan_routing():
     p, kv, meta = plan_for(128, 128, True)
     assert p.prefill(0, a, 100, meta, kv)
     k, grid, block, args = launches[-1]
-    # 7 x 2 blocks: 16 splits (264 blocks would fill 2 per CU of 132)
-    assert k == "attn_prefill_128" and grid == (7, 2, 16) and block == (AP_THREADS,)
+    # 400 pairs a KV head: 4 x 2 blocks of 128, 16 splits (the most; 33 would fill 2 per CU of 132)
+    assert k == "attn_prefill_128" and grid == (4, 2, 16) and block == (AP_THREADS,)
     assert args[:7] == [1, 10, 11, 3, 4, 5, 2] and args[7:] == [100, 8, 2, 128, 128, 16, 0.1,
                                                                 0, 9, 77, 6, 7, 8, 16]  # fmt: skip
     p, kv, meta = plan_for(256, 256, True)
@@ -246,9 +246,9 @@ def test_prefill_splits_fill_one_wave_within_the_partials():
     from forge_hip.workspace import PART_ROWS
 
     blocks = prefill_blocks(256, 32, 8, 128, 128)  # a 256-token piece of Llama-3-8B heads
-    assert blocks == (16, 8, 1)
-    assert prefill_splits(256, 128, 132, 2) == 2  # 256 blocks: 2 per SM of an H200
-    assert prefill_splits(256, 128, 132, 4) == 4
+    assert blocks == (8, 8, 1)  # 1,024 pairs a KV head in tiles of 128
+    assert prefill_splits(256, 64, 132, 2) == 4  # 4 x 64 blocks: 2 per SM of an H200
+    assert prefill_splits(256, 64, 132, 4) == 8
     assert prefill_splits(512, 256, 132, 1) == 1
     assert prefill_splits(100, 2, 132, 4) == AP_MAX_SPLITS
     assert prefill_splits(512, 2, 132, 4) == PART_ROWS // 512

@@ -40,7 +40,7 @@ ATT_THREADS = constants()["ATT_THREADS"]
 AP_THREADS = constants()["AP_THREADS"]
 AP_TENSOR_CORES = constants()["AP_TENSOR_CORES"]
 AP_MAX_SPLITS = constants()["AP_MAX_SPLITS"]
-AP_ROWS = 64  # attn_prefill.hip: (token, query head) pairs per block
+AP_ROWS = constants()["AP_ROWS"]  # attn_prefill.hip: (token, query head) pairs per block
 TENSOR_CORE_FORMATS = (KvFormat.F16, KvFormat.Q8_0, KvFormat.Q4_0)  # attn_prefill's mma path
 TABLE_KINDS = ("yarn", "llama3")  # RoPE scalings the kernels read as a frequency table
 
@@ -226,7 +226,7 @@ class Attentions:
 
 
 def prefill_blocks(rows: int, n_head: int, n_head_kv: int, dv: int, dp: int) -> tuple[int, ...]:
-    """attn_prefill's grid without splits: (64-pair tiles, KV heads, column blocks of Dv)."""
+    """attn_prefill's grid without splits: (tiles of AP_ROWS pairs, KV heads, Dv column blocks)."""
     return -(-rows * (n_head // n_head_kv) // AP_ROWS), n_head_kv, -(-dv // min(dp, 128))
 
 
