@@ -168,13 +168,15 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="forge-timeline-")
     traced_kernels(kernel_dir(), Path(tmp.name))
     os.environ["FORGE_KERNEL_DIR"] = tmp.name
-    from gpu_bench import model_path
+    from gpu_bench import model_path, whole_cache
 
     import forge
     from forge.backend import SeqBatch
 
     path, label = model_path(args.model, Path(args.work))
-    runner = forge.load(path, backend="hip", n_ctx=1024).runner
+    model = forge.load(path, backend="hip", n_ctx=1024)
+    whole_cache(model)
+    runner = model.runner
     table = np.arange(1024 // 16, dtype=np.int32)
     rows, _, n_bt = runner._prepare([SeqBatch(np.array([7], np.int32), args.pos, table)])
     runner.meta.upload(n_bt, runner.stream)

@@ -51,6 +51,13 @@ def model_path(key: str, work: Path) -> tuple[str, str]:
     return str(out), label
 
 
+def whole_cache(model) -> None:  # noqa: ANN001 - a forge Model
+    """Every layer's cache at full length in one pool, so that the block tables these scripts
+    make (np.arange) name every layer's blocks: a sliding-window layer's pool (gemma3,
+    gpt-oss) would want tables of its own (SeqBatch.window_tables)."""
+    model.runner.allocate_kv(model.allocator.n_blocks, model.allocator.block_size)
+
+
 def copy_bandwidth(rt, nbytes: int = 2 << 30, reps: int = 10) -> float:
     """Device memory bandwidth in bytes/s from a device-to-device copy (read + write counted)."""
     a, b = rt.alloc(nbytes), rt.alloc(nbytes)
@@ -247,6 +254,7 @@ def bench_model(key: str, work: Path, bandwidth: float, gemm_rows: list[int]) ->
     t0 = time.perf_counter()
     model = forge.load(path, backend="hip", n_ctx=1024)
     load_s = time.perf_counter() - t0
+    whole_cache(model)
     runner, spec = model.runner, model.spec
     table = np.arange(1024 // 16, dtype=np.int32)
     rng = np.random.default_rng(0)

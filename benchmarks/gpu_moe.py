@@ -34,7 +34,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_bench import batched_decode, copy_bandwidth, decode_fed, decode_shares  # noqa: E402
+from gpu_bench import (  # noqa: E402
+    batched_decode,
+    copy_bandwidth,
+    decode_fed,
+    decode_shares,
+    whole_cache,
+)
 
 DEFAULT_SPEC = ROOT / "benchmarks" / "specs" / "qwen3_30b_a3b_q4_k_m.spec.json.gz"
 BLOCK = 16  # KV block size of the tables made here
@@ -107,6 +113,7 @@ def main() -> int:
     t0 = time.perf_counter()
     model = forge.load(str(path), backend="hip", n_ctx=8192)
     load_s = time.perf_counter() - t0
+    whole_cache(model)
     runner, spec = model.runner, model.spec
     runner.plan.ffns.typed = not args.generic_experts
     bandwidth = copy_bandwidth(runner.rt)

@@ -22,7 +22,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_bench import batched_decode, bytes_per_token, copy_bandwidth, model_path  # noqa: E402
+from gpu_bench import (  # noqa: E402
+    batched_decode,
+    bytes_per_token,
+    copy_bandwidth,
+    model_path,
+    whole_cache,
+)
 
 BLOCK = 16  # KV block size of the tables made here
 
@@ -34,6 +40,7 @@ def measure(path: str, tp: int, batch: int) -> dict:
     t0 = time.perf_counter()
     model = forge.load(path, backend="hip", n_ctx=8192, config={"tensor_parallel": tp})
     load_s = time.perf_counter() - t0
+    whole_cache(model)
     runner, spec = model.runner, model.spec
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, spec.n_vocab, size=512).astype(np.int32)
