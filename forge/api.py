@@ -442,7 +442,8 @@ def _open_runner(pm, name, spec, gguf, config, progress, n_ctx) -> Runner | None
     extra = kv_type_args(backend.open_runner, kv_types, name)
     extra |= tensor_parallel_args(backend.open_runner, spec, gguf, config.tensor_parallel,
                                   config.device, pm.probe(name).devices, name)  # fmt: skip
-    extra |= option_args(backend.open_runner, expert_cache_mb=config.cpu_expert_cache_mb)
+    extra |= option_args(backend.open_runner, expert_cache_mb=config.cpu_expert_cache_mb,
+                         max_seqs=config.server.max_batch)  # fmt: skip
     try:
         return backend.open_runner(
             spec,

@@ -151,7 +151,8 @@ def memory_by_backend(ctx: Context, spec: Any, gguf: Any, n_ctx: int) -> dict[st
             backend = pm.backend(name)
             extra = kv_type_args(backend.memory_needed, kv_types, name)
             extra |= option_args(backend.memory_needed,
-                                 expert_cache_mb=ctx.config.cpu_expert_cache_mb)  # fmt: skip
+                                 expert_cache_mb=ctx.config.cpu_expert_cache_mb,
+                                 max_seqs=ctx.config.server.max_batch)  # fmt: skip
             needed = backend.memory_needed(spec, gguf, n_ctx, **extra) or {}
         except Exception as exc:  # a plugin's estimate must not take the command down
             row["error"] = f"{type(exc).__name__}: {exc}"

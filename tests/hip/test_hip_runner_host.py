@@ -386,6 +386,7 @@ def test_failure_mid_load_frees_what_it_took(golden_dir):
 
 def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     from forge_hip.backend import HipBackend
+    from forge_hip.capacity import memory_needed
 
     gguf, spec = _spec(golden_dir, "gemma3-q4_k_m.gguf")
     need = HipBackend().memory_needed(spec, gguf, 1024)
@@ -394,6 +395,12 @@ def test_memory_needed_counts_weights_kv_and_workspace(golden_dir):
     window_positions = (-(-(8 + 512) // 16) + 2) * 16
     per_layer = spec.kv_bytes_per_token(KvFormat.F16) // spec.n_layer
     assert need["kv_cache"] == per_layer * (1024 + 5 * window_positions)
+    # the pools of 8 sequences (server.max_batch), or every layer at full length (a tensor-
+    # parallel rank's cache)
+    eight = HipBackend().memory_needed(spec, gguf, 32768, max_seqs=8)["kv_cache"]
+    assert eight == per_layer * (32768 + 5 * 8 * window_positions)
+    whole = memory_needed(spec, gguf, 32768, max_seqs=None)["kv_cache"]
+    assert whole == per_layer * 6 * 32768
     assert need["workspace"] > 0
 
 

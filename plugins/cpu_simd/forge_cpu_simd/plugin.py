@@ -154,17 +154,18 @@ class CpuSimdBackend(Backend):
         n_ctx: int,
         kv_types: KvTypes | None = None,
         expert_cache_mb: int = DEFAULT_EXPERT_CACHE_MB,
+        max_seqs: int = 1,
     ) -> dict[str, int]:
         """Weights: each matrix as its kernel keeps it (a float32 copy, or the mapped GGUF blocks
         for compiled kernels), float32 vectors, plus every expert of a mixture as stored
-        (read from the mapped file) and the most its caches of prepared experts hold."""
+        (read from the mapped file) and the most its caches of prepared experts hold. The
+        cache: sliding-window layers hold their pools, sized for `max_seqs` sequences."""
         from forge_cpu_simd.experts import expert_memory
         from forge_cpu_simd.loading import weight_bytes
         from forge_cpu_simd.runner import CpuRunner
 
         k, v = (kv_types or KvTypes()).resolve(KvFormat.F32)
-        # one sequence: sliding-window layers hold their window's pool
-        positions = layer_positions(spec, n_ctx, CpuRunner.prefill_chunk)
+        positions = layer_positions(spec, n_ctx, CpuRunner.prefill_chunk, max_seqs)
         kv = sum(positions) * spec.kv_bytes_per_token(k, v) // spec.n_layer
         weights = weight_bytes(spec, gguf) + sum(expert_memory(spec, gguf, expert_cache_mb << 20))
         return {"weights": weights, "kv_cache": kv}

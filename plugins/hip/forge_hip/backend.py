@@ -59,10 +59,12 @@ class HipBackend(Backend):
         kv_types: KvTypes | None = None,
         shard_plan: ShardPlan | None = None,
         placement: Placement | None = None,
+        max_seqs: int = 1,
     ) -> Runner:
         """Place the model on GPU `device` (raises OutOfMemoryError with the numbers, having
         freed what it took, when it does not fit); with `shard_plan` (tensor_parallel > 1),
-        split over the GPUs of `placement`, one worker process each."""
+        split over the GPUs of `placement`, one worker process each. `max_seqs`: sequences the
+        preflight sizes the sliding-window pools for (server.max_batch)."""
         if shard_plan is not None and shard_plan.world > 1:
             from forge_hip.tp_runner import TensorParallelRunner
 
@@ -72,11 +74,16 @@ class HipBackend(Backend):
         from forge_hip.runner import HipRunner
 
         return HipRunner(spec, gguf, kernels, device=device, progress=progress, n_ctx=n_ctx,
-                         kv_types=kv_types)  # fmt: skip
+                         kv_types=kv_types, max_seqs=max_seqs)  # fmt: skip
 
     def memory_needed(
-        self, spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
+        self,
+        spec: ModelSpec,
+        gguf: GGUFFile,
+        n_ctx: int,
+        kv_types: KvTypes | None = None,
+        max_seqs: int = 1,
     ) -> dict[str, int]:
         from forge_hip.capacity import memory_needed
 
-        return memory_needed(spec, gguf, n_ctx, kv_types)
+        return memory_needed(spec, gguf, n_ctx, kv_types, max_seqs)

@@ -45,12 +45,20 @@ def kv_format(spec: ModelSpec, gguf: GGUFFile, kv_types: KvTypes | None = None) 
 
 
 def memory_needed(
-    spec: ModelSpec, gguf: GGUFFile, n_ctx: int, kv_types: KvTypes | None = None
+    spec: ModelSpec,
+    gguf: GGUFFile,
+    n_ctx: int,
+    kv_types: KvTypes | None = None,
+    max_seqs: int | None = 1,
 ) -> dict[str, int]:
-    """Device bytes for weights, an `n_ctx` KV cache (of one sequence: sliding-window layers
-    hold their window's pool) and the workspace."""
+    """Device bytes for weights, an `n_ctx` KV cache and the workspace. Sliding-window layers
+    hold their window pools, sized for `max_seqs` sequences (None: every layer at full length,
+    as a tensor-parallel rank keeps it)."""
     fmt = kv_format(spec, gguf, kv_types)
-    kv = sum(sum(layer_bytes(spec, n, fmt)) for n in layer_positions(spec, n_ctx, ROW_CAP))
+    positions = [n_ctx] * spec.n_layer
+    if max_seqs is not None:
+        positions = layer_positions(spec, n_ctx, ROW_CAP, max_seqs)
+    kv = sum(sum(layer_bytes(spec, n, fmt)) for n in positions)
     return {
         "weights": layout(spec, gguf)[1],
         "kv_cache": kv,

@@ -64,6 +64,7 @@ class HipRunner(Runner):
         runtime=None,  # noqa: ANN001 - a forge_hip Runtime to share (tests); None opens one
         kv_types: KvTypes | None = None,
         plan: Callable[..., Plan] = Plan,  # a tensor-parallel rank's: forge_hip.sharded_plan
+        max_seqs: int | None = 1,  # the window pools the preflight counts (capacity.memory_needed)
     ):
         from forge_hip.runtime import open_runtime
 
@@ -78,7 +79,7 @@ class HipRunner(Runner):
         try:
             ctx = min(n_ctx or DEFAULT_CTX, spec.n_ctx_train)
             self.tune = load_tuning(self.rt.props.arch)
-            preflight(self.rt, memory_needed(spec, gguf, ctx, kv_types))
+            preflight(self.rt, memory_needed(spec, gguf, ctx, kv_types, max_seqs))
             self.lib = KernelLibrary(self.rt)
             self.arena = WeightArena(self.rt, spec, gguf, progress)
             self.ws = Workspace(self.rt, spec, self.tune)

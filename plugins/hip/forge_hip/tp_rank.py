@@ -60,7 +60,7 @@ def run_rank(rank: int, world: int, conn: Any, path: str, spec: ModelSpec,
         progress = (lambda done, total: note(conn, (done, total))) if rank == 0 else None
         runner = HipRunner(rank_spec(spec, plan, rank), ShardView(gguf, spec, plan, rank),
                            kernels, device=devices[rank], progress=progress, n_ctx=n_ctx,
-                           runtime=rt, kv_types=kv_types,
+                           runtime=rt, kv_types=kv_types, max_seqs=None,  # (no window pools)
                            plan=partial(ShardedPlan, comm=comm, vocab=plan.vocab))  # fmt: skip
     except ForgeError as err:
         _close(runner, comm, rt)
