@@ -420,8 +420,10 @@ class Scheduler:
                     continue
                 n = min(n, budget)
                 budget -= n
-            # window blocks behind every query still to run (a step in flight queries the
-            # position before `cached`) go back first
+            # window blocks behind every query still to run go back first. A step in flight may
+            # still read some (its last query is at `cached` - 1, a prompt piece's earlier rows
+            # further back): the steps a runner starts run in order (a device's one stream), so
+            # the later step that writes a reused block runs after it
             request.table.trim(request.cached - 1)
             if not preempt:
                 try:

@@ -276,7 +276,8 @@ FORGE_DEV void qk_head(const float* src, float* dst, const float* nw, void* kc, 
     if (!is_q) head_put<LPP, VPL>(x, kc, row, D, e, kv_fmt, grp == 0);
 }
 
-// One V head of qk_rope_store, in one warp: into the cache (quantized and bfloat16 formats).
+// One V head of qk_rope_store (and of attn_decode_tc's fused store), in one warp: into the cache,
+// any format.
 template <int LPP, int VPL>
 FORGE_DEV void v_head(const float* src, void* vc, i64 row, int Dv, int kv_fmt) {
     const int lane = threadIdx.x % FORGE_WARP, e = lane % LPP;

@@ -52,6 +52,8 @@
 #include "kv_format.h"
 
 #define AP_SIMT_BK 16
+static_assert(AP_ROWS == 16 * (AP_THREADS / 32), "tensor cores: 16 rows a 32-lane warp");
+static_assert(AP_ROWS % (AP_THREADS / 4) == 0, "SIMT: whole passes of 4 threads a row");
 #define AP_DVC(DP) ((DP) < 128 ? (DP) : 128)
 #define AP_BK(DP) ((DP) > 128 ? 32 : 64)
 #define AP_NEG (-3.0e38f)   // score of a masked position
