@@ -73,16 +73,18 @@ def _pool_tables(chunk: list[SeqBatch], need: np.ndarray, j: int, n_windows: int
 
 def _check_window(flat: np.ndarray, chunk: list[SeqBatch], need: np.ndarray, first: np.ndarray,
                   window: int, bs: int) -> None:  # fmt: skip
-    """ForgeRuntimeError when a block some row's window reads has left the pool (FREED)."""
-    freed = flat == FREED
-    if not freed.any():
+    """ForgeRuntimeError when a block some row's window reads has left the pool (FREED). Only
+    the entries the windows read are looked at (a long sequence's table is mostly FREED)."""
+    if not (flat == FREED).any():
         return
     starts = np.fromiter((b.start for b in chunk), np.int64, len(chunk))
     lowest = np.maximum(starts - window + 1, 0) // bs  # the first block a piece's rows read
-    index = np.arange(len(flat)) - np.repeat(first, need)
-    bad = freed & (index >= np.repeat(lowest, need))
+    count = need - lowest  # entries lowest .. need - 1 of each table
+    run = np.cumsum(count) - count
+    read = np.repeat(first + lowest - run, count) + np.arange(int(count.sum()))
+    bad = flat[read] == FREED
     if bad.any():
-        i = int(np.searchsorted(first, np.argmax(bad), side="right") - 1)
+        i = int(np.searchsorted(run, np.argmax(bad), side="right") - 1)
         raise ForgeRuntimeError(f"sequence position {int(starts[i])}: a block of its window of "
                                 f"{window} positions has left the window's pool")  # fmt: skip
 
